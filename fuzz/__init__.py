@@ -1,0 +1,1 @@
+"""specfuzz.fuzz"""
