@@ -47,7 +47,7 @@ from typing import Callable, Generator, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from specfuzz.errors import InvalidInput
+from specfuzz.errors import AmbiguousSemantics, InvalidInput
 
 # A draft slot that the proposer could not fill (vLLM's PLACEHOLDER_TOKEN_ID).
 PLACEHOLDER_TOKEN_ID = -1
@@ -257,19 +257,28 @@ class SpeculativeProcess:
         if hit is not None:
             return hit
         W = self._W
-        if len(out) >= self.max_tokens or (out and self.target.is_terminal(out)) or any(t < 0 or t >= self.V for t in out):
-            # After the output has ended the value is irrelevant to the emitted tokens,
-            # but block verification's stopping weights still read a distribution there:
-            # use a fixed absorbing one.
+        if any(t < 0 or t >= self.V for t in out):
+            # A stray id (only after an injected bug emitted it): the output has ended.
             row = np.zeros(W)
-            row[out[-1] if out and 0 <= out[-1] < W else 0] = 1.0
+            row[0] = 1.0
         else:
+            # Past a stop token or max_tokens the values cannot change the emitted tokens'
+            # law under correct verification, but block verification's stopping weights
+            # read them, and so does a buggy verifier: use what an engine computes there,
+            # the table's real next-token distribution.
             stale = {}
             if self.spec.inject == "N2" and lag:
                 stale["min_tokens"] = lag
             elif self.spec.inject == "N3" and lag:
                 stale["thinking"] = lag
-            p = np.asarray(self.target.conditional(out, stale) if stale else self.target.conditional(out), dtype=np.float64)
+            try:
+                p = np.asarray(self.target.conditional(out, stale) if stale else self.target.conditional(out), dtype=np.float64)
+            except AmbiguousSemantics:
+                # Only prefixes of probability 0 or past the end of the output get here
+                # (the law raises on reachable ones before any sampling); use a fixed
+                # absorbing distribution.
+                p = np.zeros(self.V)
+                p[out[-1] if out else 0] = 1.0
             row = np.zeros(W)
             row[: self.V] = p
             if self.spec.inject == "N5" and self.draft is not None and self.draft.vocab_size < self.V:
