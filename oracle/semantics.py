@@ -1,0 +1,481 @@
+"""Semantics profiles: how an engine turns a table row into a next-token distribution.
+
+The target model of a table ``L[V, V]`` gives, after any context, the logits
+``L[last token]``. An engine then applies the request's sampling parameters in its own
+order; a :class:`Profile` fixes that order. Every profile works on a *batch* of output
+prefixes of one length ``t`` (``outs[N, t]``) and returns ``[N, V]`` probabilities,
+computed in float64 from the table's values.
+
+The ``"vllm"`` profile (:class:`VLLMProfile`, vLLM V1 sampler order)
+----------------------------------------------------------------------
+For an output prefix ``out`` of length ``t`` (``last`` = last token of prompt + out):
+
+1. ``logits = L[last]`` (float64).
+2. Token constraint (regex / choice grammar bitmask, :mod:`.constraint`): tokens whose
+   text makes a full match impossible are masked; EOS only when the text fully matches.
+3. ``allowed_token_ids``: every other token masked.
+4. ``bad_words``: for each word ``w`` of length ``m``, mask ``w[-1]`` if the *output*
+   (not the prompt) ends with ``w[:-1]`` (always when ``m == 1``).
+5. ``min_tokens``: while ``t < min_tokens`` mask ``stop_token_ids`` and EOS (EOS only
+   when not ``ignore_eos``).
+6. ``logit_bias``: added.
+7. Penalties: repetition ``r`` on tokens of prompt ∪ out (``l / r`` if ``l > 0`` else
+   ``l * r``), then ``l -= frequency * count_out(v)``, then
+   ``l -= presence * [count_out(v) > 0]``.
+8. Thinking budget ``B``: the output starts inside thinking, which ends at the first
+   ``think_end_token_id`` of the output. If thinking has not ended and ``t >= B`` (i.e.
+   ``t == B`` without lag), the law is a point mass on ``think_end_token_id``,
+   overriding everything (greedy too).
+9. Greedy (``temperature < 1e-5``): point mass on the argmax (lowest index among exact
+   ties).
+10. Random: ``l /= temperature``; min-p (mask ``p < min_p * max p``); top-k (keep
+    ``l >= `` the k-th largest value: ties at the k-th value are all kept); top-p (sort
+    ascending, cumulative sum of the softmax, mask entries with ``cumsum <= 1 - top_p``
+    except the largest); softmax of what is left.
+
+Masked means ``-inf``. Stopping (not part of the profile): after token ``v`` the output
+is complete if ``v`` is EOS (and not ``ignore_eos``) or in ``stop_token_ids``, or it has
+``max_tokens`` tokens.
+
+Ambiguity. :class:`~specfuzz.errors.AmbiguousSemantics` is raised, naming the step,
+values and prefix, when the law would depend on unspecified engine behaviour or on
+float32 rounding: every token masked (steps 2-7, unless step 8 forces); a top-p cut
+between two probabilities within ``NEAR_TIE_RTOL`` of each other (exact ties included:
+the kept set then depends on sort order); a top-p cumulative sum within
+``TOP_P_ATOL`` of ``1 - top_p``; a min-p ratio ``p / max p`` within ``MIN_P_RTOL``
+(relative) of ``min_p`` (tokens tied with the maximum excepted); a logit within
+``NEAR_TIE_RTOL * max(1, |threshold|)`` below, but not equal to, the top-k threshold or
+the greedy maximum (float32 arithmetic could tie them; not checked when the values are
+unmodified table values, which the engine compares exactly). Exact ties at the top-k
+threshold or the greedy maximum are *not* ambiguous.
+
+Stale processors. Each processor evaluates its state on a view of the output
+(:class:`History`); an engine that forgets the ``ℓ`` uncommitted draft tokens before a
+verification position is modelled by giving that processor the view of ``out[:t-ℓ]``
+(SPEC §3 condition 2). Processor names: :data:`PROCESSORS`. The table row always uses the
+full output's last token.
+
+Decisions beyond the engine's documentation (all profiles so far):
+
+* Thinking forces when ``t >= B`` (not only ``t == B``): identical without lag; with a
+  lag the processor sees ``t - ℓ`` tokens and forces once *that* count reaches the
+  budget, as a budget counter would. Thinking is ended by ``think_end_token_id`` in the
+  processor's view only.
+* Every token except EOS has a text role in the constraint, stop tokens and the
+  end-of-thinking token included; thinking tokens are part of the constrained text. A
+  forced token the constraint disallows leads to a dead state (nothing allowed
+  afterwards, i.e. AmbiguousSemantics if generation continues).
+* Under ``ignore_eos`` with a constraint, EOS keeps the automaton in an accepting
+  "done" state where only EOS is allowed again.
+* With a constraint and ``eos_token_id=None``, a full match with no possible extension
+  masks everything (AmbiguousSemantics) instead of stopping.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from specfuzz.errors import AmbiguousSemantics, InvalidInput
+
+from .constraint import TokenDFA, compile_constraint
+from .params import SamplingParams
+
+# Names of the stateful processors whose view of the output can lag (``stale``).
+PROCESSORS: tuple[str, ...] = ("min_tokens", "thinking", "penalties", "bad_words", "constraint")
+
+# A top-p cumulative sum this close (absolute) to 1 - top_p may compare either way in float32.
+TOP_P_ATOL = 1e-6
+# A min-p ratio p / max(p) this close (relative) to min_p may compare either way in float32.
+MIN_P_RTOL = 1e-6
+# Two logits (relative to max(1, |value|)) or two probabilities (relative) this close
+# may tie or swap in the engine's float32 arithmetic.
+NEAR_TIE_RTOL = 1e-6
+
+NEG_INF = -np.inf
+
+
+# --------------------------------------------------------------------------------------
+# Per-request constants and per-prefix processor state
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RequestSpec:
+    """Everything about one request that does not depend on the output so far."""
+
+    table: np.ndarray  # [V, V] float64: L[prev, next]
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    eos_token_id: int | None
+    dfa: TokenDFA | None
+    stop_mask: np.ndarray  # [V] bool: appending this token ends the output
+    min_tokens_mask: np.ndarray  # [V] bool: masked while t < min_tokens
+    allowed_mask: np.ndarray | None  # [V] bool or None (no allowed_token_ids)
+    bias: np.ndarray | None  # [V] float64 or None
+    prompt_seen: np.ndarray  # [V] bool: token occurs in the prompt
+    bad_words: tuple[tuple[np.ndarray, int], ...]  # (prefix [m-1] int64, last token)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def has_penalties(self) -> bool:
+        p = self.params
+        return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+    @classmethod
+    def build(cls, table: np.ndarray, prompt: tuple[int, ...], params: SamplingParams, eos_token_id: int | None) -> "RequestSpec":
+        """Precompute masks from validated inputs (``table`` [V, V] float64)."""
+        V = int(table.shape[0])
+        stop = np.zeros(V, dtype=bool)  # [V]
+        stop[list(params.stop_token_ids)] = True
+        min_mask = stop.copy()  # [V]
+        if eos_token_id is not None and not params.ignore_eos:
+            stop[eos_token_id] = True
+            min_mask[eos_token_id] = True
+        allowed = None
+        if params.allowed_token_ids is not None:
+            allowed = np.zeros(V, dtype=bool)  # [V]
+            allowed[list(params.allowed_token_ids)] = True
+        bias = None
+        if params.logit_bias:
+            bias = np.zeros(V)  # [V]
+            for tok, b in dict(params.logit_bias).items():
+                bias[int(tok)] += float(b)
+        seen = np.zeros(V, dtype=bool)  # [V]
+        seen[list(prompt)] = True
+        words = tuple((np.asarray(w[:-1], dtype=np.int64), int(w[-1])) for w in params.bad_words)
+        dfa = compile_constraint(params.regex, params.choice, V, eos_token_id)
+        for arr in (stop, min_mask, seen):
+            arr.setflags(write=False)
+        return cls(table, tuple(prompt), params, eos_token_id, dfa, stop, min_mask, allowed, bias, seen, words)
+
+
+@dataclass(frozen=True, eq=False)
+class History:
+    """What the stateful processors know about a batch of output prefixes of one length.
+
+    Fields a request does not need are ``None``.
+    """
+
+    outs: np.ndarray  # [N, t] int64: the prefixes (bad words read their tails)
+    counts: np.ndarray | None  # [N, V] int64: occurrences in the output (penalties)
+    dfa_state: np.ndarray | None  # [N] int64: constraint automaton state
+    think_ended: np.ndarray | None  # [N] bool: think_end_token_id occurs in the output
+
+    @property
+    def length(self) -> int:
+        return int(self.outs.shape[1])
+
+    @property
+    def size(self) -> int:
+        return int(self.outs.shape[0])
+
+    @classmethod
+    def from_outs(cls, spec: RequestSpec, outs: np.ndarray) -> "History":
+        """State after each row of ``outs`` [N, t] int64."""
+        N, t = outs.shape
+        V = spec.vocab_size
+        counts = None
+        if spec.has_penalties:
+            flat = (np.arange(N, dtype=np.int64)[:, None] * V + outs).ravel()  # [N*t]
+            counts = np.bincount(flat, minlength=N * V).reshape(N, V).astype(np.int64)  # [N, V]
+        dfa_state = spec.dfa.run(outs) if spec.dfa is not None else None  # [N]
+        think = None
+        if spec.params.thinking_budget is not None:
+            think = (outs == spec.params.think_end_token_id).any(axis=1)  # [N]
+        return cls(outs, counts, dfa_state, think)
+
+    def extend(self, spec: RequestSpec, parent: np.ndarray, tokens: np.ndarray) -> "History":
+        """State after appending ``tokens`` [M] to the rows ``parent`` [M] (incremental)."""
+        outs = np.concatenate([self.outs[parent], tokens[:, None]], axis=1)  # [M, t+1]
+        counts = None
+        if self.counts is not None:
+            counts = self.counts[parent]  # [M, V] (a copy)
+            counts[np.arange(len(parent)), tokens] += 1
+        dfa_state = spec.dfa.advance(self.dfa_state[parent], tokens) if self.dfa_state is not None and spec.dfa is not None else None
+        think = None
+        if self.think_ended is not None:
+            think = self.think_ended[parent] | (tokens == spec.params.think_end_token_id)  # [M]
+        return History(outs, counts, dfa_state, think)
+
+
+class RowAmbiguity(AmbiguousSemantics):
+    """Ambiguity found at one row of a batch; profiles turn it into a message with the prefix."""
+
+    def __init__(self, row: int, message: str) -> None:
+        self.row = row
+        self.message = message
+        super().__init__(message)
+
+
+def _check(bad: np.ndarray, describe) -> None:
+    """Raise :class:`RowAmbiguity` for the first row flagged in ``bad`` [N] bool."""
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise RowAmbiguity(row, describe(row))
+
+
+# --------------------------------------------------------------------------------------
+# The steps, as pure functions on [N, V] float64 logits (masked = -inf)
+# --------------------------------------------------------------------------------------
+
+
+def mask_constraint(logits: np.ndarray, dfa: TokenDFA, states: np.ndarray) -> np.ndarray:
+    """Step 2: mask tokens the constraint disallows in ``states`` [N]. [N, V] -> [N, V]"""
+    return np.where(dfa.allowed(states), logits, NEG_INF)
+
+
+def mask_allowed(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Step 3: keep only ``allowed`` [V] tokens. [N, V] -> [N, V]"""
+    return np.where(allowed[None, :], logits, NEG_INF)
+
+
+def mask_bad_words(logits: np.ndarray, words: tuple[tuple[np.ndarray, int], ...], outs: np.ndarray) -> np.ndarray:
+    """Step 4: mask the last token of each bad word whose prefix ends ``outs`` [N, t]."""
+    out = logits.copy()  # [N, V]
+    t = outs.shape[1]
+    for prefix, last in words:
+        m1 = len(prefix)
+        if m1 == 0:
+            out[:, last] = NEG_INF
+        elif t >= m1:
+            hit = (outs[:, t - m1 :] == prefix[None, :]).all(axis=1)  # [N]
+            out[hit, last] = NEG_INF
+    return out
+
+
+def mask_min_tokens(logits: np.ndarray, stop_like: np.ndarray, length: int, min_tokens: int) -> np.ndarray:
+    """Step 5: mask ``stop_like`` [V] tokens while ``length < min_tokens``."""
+    if length >= min_tokens:
+        return logits
+    return np.where(stop_like[None, :], NEG_INF, logits)
+
+
+def add_bias(logits: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Step 6: ``logits + bias`` [V] (masked entries stay ``-inf``)."""
+    return logits + bias[None, :]
+
+
+def apply_penalties(
+    logits: np.ndarray, prompt_seen: np.ndarray, counts: np.ndarray, repetition: float, frequency: float, presence: float
+) -> np.ndarray:
+    """Step 7: repetition on prompt ∪ output, then frequency, then presence.
+
+    ``prompt_seen`` [V] bool, ``counts`` [N, V] output counts.
+    """
+    out = logits
+    present = counts > 0  # [N, V]
+    if repetition != 1.0:
+        seen = prompt_seen[None, :] | present  # [N, V]
+        penalised = np.where(out > 0, out / repetition, out * repetition)  # [N, V]
+        out = np.where(seen, penalised, out)
+    if frequency != 0.0:
+        out = out - frequency * counts
+    if presence != 0.0:
+        out = out - presence * present
+    return out
+
+
+def thinking_forced(think_ended: np.ndarray, length: int, budget: int) -> np.ndarray:
+    """Step 8: rows [N] whose next token is forced to be the end of thinking."""
+    if length < budget:
+        return np.zeros(think_ended.shape[0], dtype=bool)
+    return ~think_ended
+
+
+def greedy_probs(logits: np.ndarray, exact: bool = False) -> np.ndarray:
+    """Step 9: point mass on the argmax (lowest index among exact ties). [N, V] -> [N, V]
+
+    ``exact``: the logits are unmodified table values, which the engine compares
+    exactly, so near ties are not ambiguous.
+    """
+    N, V = logits.shape
+    if not exact:
+        top = logits.max(axis=1)  # [N]
+        second = np.where(logits == top[:, None], NEG_INF, logits).max(axis=1)  # [N]
+        near = np.isfinite(second) & (top - second <= NEAR_TIE_RTOL * np.maximum(1.0, np.abs(top)))  # [N]
+        _check(near, lambda r: f"greedy: the maximum logit {float(top[r])!r} and the runner-up {float(second[r])!r} are within float32 rounding")
+    probs = np.zeros((N, V))  # [N, V]
+    probs[np.arange(N), logits.argmax(axis=1)] = 1.0
+    return probs
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row softmax of [N, V] values with at least one finite entry per row."""
+    w = np.exp(x - x.max(axis=1, keepdims=True))  # [N, V]
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def apply_min_p(x: np.ndarray, min_p: float) -> np.ndarray:
+    """Mask tokens with ``p < min_p * max p`` (computed as ``exp(x - max x) < min_p``)."""
+    top = x.max(axis=1, keepdims=True)  # [N, 1]
+    ratio = np.exp(x - top)  # [N, V]: p / max p
+    near = (x < top) & (np.abs(ratio - min_p) <= MIN_P_RTOL * min_p)  # [N, V]
+    _check(
+        near.any(axis=1),
+        lambda r: f"min_p: p/max(p) = {float(ratio[r][near[r]][0])!r} of token {int(np.flatnonzero(near[r])[0])} is within {MIN_P_RTOL:g} (relative) of min_p={min_p!r}",
+    )
+    return np.where(ratio >= min_p, x, NEG_INF)
+
+
+def apply_top_k(x: np.ndarray, k: int, exact: bool = False) -> np.ndarray:
+    """Keep values ``>=`` the k-th largest (exact ties at the threshold are all kept).
+
+    ``exact``: the values are unmodified table values (no near-tie check needed).
+    """
+    V = x.shape[1]
+    if k >= V:
+        return x
+    kth = np.partition(x, V - k, axis=1)[:, V - k]  # [N]
+    below = x < kth[:, None]  # [N, V]
+    if not exact:
+        with np.errstate(invalid="ignore"):  # -inf - -inf where the threshold itself is -inf
+            gap = kth[:, None] - x  # [N, V]
+        near = below & np.isfinite(kth)[:, None] & (gap <= NEAR_TIE_RTOL * np.maximum(1.0, np.abs(kth))[:, None])  # [N, V]
+        _check(
+            near.any(axis=1),
+            lambda r: f"top_k={k}: logit {float(x[r][near[r]][0])!r} is within float32 rounding below the threshold {float(kth[r])!r}",
+        )
+    return np.where(below, NEG_INF, x)
+
+
+def apply_top_p(x: np.ndarray, top_p: float) -> np.ndarray:
+    """Sort ascending, mask entries whose cumulative probability is ``<= 1 - top_p``,
+    always keeping the largest."""
+    N, V = x.shape
+    order = np.argsort(x, axis=1, kind="stable")  # [N, V]
+    xs = np.take_along_axis(x, order, axis=1)  # [N, V] ascending
+    ps = softmax(xs)  # [N, V]
+    cs = np.cumsum(ps, axis=1)  # [N, V]
+    cut = 1.0 - top_p
+    masked = cs <= cut  # [N, V] a prefix of each row
+    masked[:, -1] = False
+    # A comparison that float32 could flip: cumulative sum near the cut (zero-probability
+    # entries and the always-kept largest entry do not matter).
+    close = (ps[:, :-1] > 0) & (np.abs(cs[:, :-1] - cut) <= TOP_P_ATOL)  # [N, V-1]
+    _check(
+        close.any(axis=1),
+        lambda r: f"top_p={top_p!r}: cumulative probability {float(cs[r, :-1][close[r]][0])!r} is within {TOP_P_ATOL:g} of 1 - top_p = {cut!r}",
+    )
+    # The cut between (near-)tied probabilities: which of them is kept depends on sort order.
+    m = masked.sum(axis=1)  # [N] number masked, <= V - 1
+    rows = np.flatnonzero(m > 0)  # [R] rows with something masked
+    a = ps[rows, m[rows] - 1]  # [R] last masked
+    b = ps[rows, m[rows]]  # [R] first kept
+    tie = np.zeros(N, dtype=bool)  # [N]
+    tie[rows] = (a > 0) & (b - a <= NEAR_TIE_RTOL * b)
+    _check(
+        tie,
+        lambda r: f"top_p={top_p!r}: the cut falls between (near-)tied probabilities {float(ps[r, m[r] - 1])!r} and {float(ps[r, m[r]])!r} (the kept set depends on sort order)",
+    )
+    drop = np.empty_like(masked)  # [N, V] in token order
+    np.put_along_axis(drop, order, masked, axis=1)
+    return np.where(drop, NEG_INF, x)
+
+
+def random_probs(logits: np.ndarray, params: SamplingParams, exact: bool = False) -> np.ndarray:
+    """Step 10: temperature, min-p, top-k, top-p, softmax. [N, V] -> [N, V]
+
+    ``exact``: ``logits`` are unmodified table values (no bias, no penalties).
+    """
+    x = logits / params.temperature  # [N, V]
+    if params.min_p > 0.0:
+        x = apply_min_p(x, params.min_p)
+    if params.top_k >= 1:
+        x = apply_top_k(x, params.top_k, exact=exact and params.temperature == 1.0)
+    if params.top_p < 1.0:
+        x = apply_top_p(x, params.top_p)
+    return softmax(x)
+
+
+# --------------------------------------------------------------------------------------
+# Profiles
+# --------------------------------------------------------------------------------------
+
+
+class Profile(ABC):
+    """An engine's order of operations. Subclasses implement :meth:`next_token_probs`."""
+
+    name: str = "abstract"
+    processors: tuple[str, ...] = PROCESSORS
+
+    @abstractmethod
+    def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        """Next-token distributions [N, V] float64 after each prefix ``outs`` [N, t].
+
+        ``views[name]`` is the :class:`History` processor ``name`` sees (normally of
+        ``outs`` itself; of a truncation of it for a stale processor). Raises
+        :class:`~specfuzz.errors.AmbiguousSemantics` naming the step, values and prefix.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class VLLMProfile(Profile):
+    """vLLM V1 sampler order (see the module docstring for the exact list)."""
+
+    name = "vllm"
+
+    def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        try:
+            return self._probs(spec, outs, views)
+        except RowAmbiguity as exc:
+            prefix = tuple(int(v) for v in outs[exc.row])
+            raise AmbiguousSemantics(f"{exc.message} (profile {self.name}, output prefix {prefix})") from None
+
+    def _probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        p = spec.params
+        N, t = outs.shape
+        V = spec.vocab_size
+        last = outs[:, -1] if t else np.full(N, spec.prompt[-1], dtype=np.int64)  # [N]
+        logits = spec.table[last]  # [N, V] (fancy indexing copies)
+        if spec.dfa is not None:
+            logits = mask_constraint(logits, spec.dfa, views["constraint"].dfa_state)
+        if spec.allowed_mask is not None:
+            logits = mask_allowed(logits, spec.allowed_mask)
+        if spec.bad_words:
+            logits = mask_bad_words(logits, spec.bad_words, views["bad_words"].outs)
+        if p.min_tokens:
+            logits = mask_min_tokens(logits, spec.min_tokens_mask, views["min_tokens"].length, p.min_tokens)
+        if spec.bias is not None:
+            logits = add_bias(logits, spec.bias)
+        if spec.has_penalties:
+            pen = views["penalties"]
+            logits = apply_penalties(logits, spec.prompt_seen, pen.counts, p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+        forced = np.zeros(N, dtype=bool)  # [N]
+        if p.thinking_budget is not None:
+            th = views["thinking"]
+            forced = thinking_forced(th.think_ended, th.length, p.thinking_budget)
+        free = np.flatnonzero(~forced)  # [F] rows the sampler decides
+        probs = np.zeros((N, V))  # [N, V]
+        if forced.any():
+            probs[forced, p.think_end_token_id] = 1.0
+        if len(free):
+            sub = logits if len(free) == N else logits[free]  # [F, V]
+            try:
+                _check(~np.isfinite(sub).any(axis=1), lambda r: "every token is masked (constraint / allowed_token_ids / bad_words / min_tokens)")
+                # Unmodified table values compare exactly in the engine too.
+                exact = spec.bias is None and not spec.has_penalties
+                probs[free] = greedy_probs(sub, exact) if p.greedy else random_probs(sub, p, exact)
+            except RowAmbiguity as exc:
+                raise RowAmbiguity(int(free[exc.row]), exc.message) from None
+        return probs
+
+
+PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile}
+
+
+def get_profile(profile: "str | Profile") -> Profile:
+    """A :class:`Profile` instance from a name in :data:`PROFILES` or an instance."""
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, str) and profile in PROFILES:
+        return PROFILES[profile]()
+    raise InvalidInput("profile", profile, f"one of {sorted(PROFILES)} or a Profile instance")
