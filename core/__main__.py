@@ -1,0 +1,3 @@
+from specfuzz.cli import run
+
+run()

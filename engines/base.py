@@ -1,0 +1,110 @@
+"""The engine interface: what specfuzz asks of every engine it drives.
+
+An engine is started on one :class:`EngineConfig` (the case's checkpoints, dtype,
+speculation settings and engine knobs) and then answers batches of :class:`Request` s
+with one :class:`Completion` each. Starting is expensive, so the fuzz loop reuses a
+started engine for every case that shares its config.
+
+Third-party engines plug in as ``--engine package.module:Class``: the class must
+implement :class:`Engine` (subclassing it is optional). specfuzz never imports an engine
+it does not run.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from specfuzz.errors import InvalidInput
+from specfuzz.oracle.params import SamplingParams
+
+SPEC_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "eagle_tree", "ngram_tree", "suffix")
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Engine-neutral speculation settings; each adapter maps them to its own knobs."""
+
+    method: str
+    num_speculative_tokens: int = 1
+    ngram_min: int = 1
+    ngram_max: int = 3
+    tree_topk: int = 1
+    tree_budget: int | None = None
+    draft_sampling: str = "sampled"
+    verify: str = "token"
+    extra: Mapping[str, Any] = field(default_factory=dict)  # engine-specific knobs, passed through
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise InvalidInput("speculation method", self.method, f"one of {SPEC_METHODS}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidInput("num_speculative_tokens", k, "an integer >= 1")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise InvalidInput("ngram_min/ngram_max", (self.ngram_min, self.ngram_max), "1 <= ngram_min <= ngram_max")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that needs an engine (re)start; two equal configs share an engine."""
+
+    target_dir: Path
+    draft_dir: Path | None = None
+    speculation: Speculation | None = None  # None: speculation off
+    dtype: str = "float32"
+    max_model_len: int = 64
+    settings: Mapping[str, Any] = field(default_factory=dict)  # engine knobs (attention backend, eager, ...)
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    seed: int | None = None  # per-request seed; None: the engine's own randomness
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop", "length", or the engine's own word
+    num_draft_tokens: int | None = None  # acceptance statistics, where the engine exposes them
+    num_accepted_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can run; strategies draw only from this."""
+
+    methods: tuple[str, ...]  # speculation methods (besides off)
+    sampling: frozenset[str]  # names of SamplingParams fields the engine honours
+    dtypes: tuple[str, ...] = ("float32",)
+    profile: str = "vllm"  # semantics profile of its non-speculative sampler
+    max_vocab: int | None = None
+    draft_vocab: str = "equal"  # "equal", "narrower", "any": which draft widths it accepts
+
+
+class Engine(abc.ABC):
+    """Base class for engines (optional for third parties: duck typing is enough)."""
+
+    name: str = "engine"
+
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abc.abstractmethod
+    def version(self) -> Mapping[str, str]:
+        """Engine name, version, and the software/hardware it runs on (torch, device, ...)."""
+
+    @abc.abstractmethod
+    def start(self, config: EngineConfig) -> None:
+        """Load the checkpoints; raise InvalidInput for a config this engine cannot run."""
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """One completion per request, in order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free the engine's resources."""
