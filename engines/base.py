@@ -19,33 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
-
-SPEC_METHODS = ("draft_model", "ngram", "eagle", "eagle3", "eagle_tree", "ngram_tree", "suffix")
-
-
-@dataclass(frozen=True)
-class Speculation:
-    """Engine-neutral speculation settings; each adapter maps them to its own knobs."""
-
-    method: str
-    num_speculative_tokens: int = 1
-    ngram_min: int = 1
-    ngram_max: int = 3
-    tree_topk: int = 1
-    tree_budget: int | None = None
-    draft_sampling: str = "sampled"
-    verify: str = "token"
-    extra: Mapping[str, Any] = field(default_factory=dict)  # engine-specific knobs, passed through
-
-    def __post_init__(self) -> None:
-        if self.method not in SPEC_METHODS:
-            raise InvalidInput("speculation method", self.method, f"one of {SPEC_METHODS}")
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidInput("num_speculative_tokens", k, "an integer >= 1")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise InvalidInput("ngram_min/ngram_max", (self.ngram_min, self.ngram_max), "1 <= ngram_min <= ngram_max")
-
+from specfuzz.oracle.speculative import SpecConfig
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -53,7 +27,7 @@ class EngineConfig:
 
     target_dir: Path
     draft_dir: Path | None = None
-    speculation: Speculation | None = None  # None: speculation off
+    speculation: SpecConfig | None = None  # None: speculation off; adapters map it to their knobs
     dtype: str = "float32"
     max_model_len: int = 64
     settings: Mapping[str, Any] = field(default_factory=dict)  # engine knobs (attention backend, eager, ...)

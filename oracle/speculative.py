@@ -54,7 +54,10 @@ PLACEHOLDER_TOKEN_ID = -1
 # The token id that SGLang's NGRAM tree pads unfilled branches with (N4).
 TREE_PAD_TOKEN_ID = 0
 
+# Methods the reference sampler runs.
 METHODS = ("draft_model", "ngram", "eagle_tree", "ngram_tree")
+# Every method an engine adapter may be asked for (the reference runs METHODS only).
+ENGINE_METHODS = METHODS + ("eagle", "eagle3", "suffix", "mtp")
 VERIFY_MODES = ("token", "block")
 DRAFT_SAMPLING = ("sampled", "greedy")
 
@@ -120,8 +123,8 @@ class SpecConfig:
     inject: str | None = None  # one of BUG_CLASSES
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise InvalidInput("method", self.method, f"one of {METHODS}")
+        if self.method not in ENGINE_METHODS:
+            raise InvalidInput("method", self.method, f"one of {ENGINE_METHODS}")
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
             raise InvalidInput("num_speculative_tokens", k, "an integer in [1, 16]")
@@ -144,7 +147,7 @@ class SpecConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.method in ("draft_model", "eagle_tree")
+        return self.method in ("draft_model", "eagle_tree", "eagle", "eagle3")
 
     @property
     def is_tree(self) -> bool:
@@ -219,6 +222,8 @@ class SpeculativeProcess:
         self.spec = spec
         self.draft = draft
         self.V = int(target.vocab_size)
+        if spec.method not in METHODS:
+            raise InvalidInput("method", spec.method, f"one the reference sampler runs: {METHODS}")
         if spec.uses_draft_model:
             if draft is None:
                 raise InvalidInput("draft", None, f"a DraftModel for method {spec.method!r}")

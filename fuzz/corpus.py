@@ -1,0 +1,179 @@
+"""The corpus: one JSON file per finding, written atomically, deduplicated by signature.
+
+An entry holds everything needed to reproduce and judge a finding: the case (tables
+included), the engine and its environment, the observed counts, the verdict with its
+evidence, the attribution, the calibration (speculation off) result, first/last seen and
+status. Files are written to a temporary name in the same folder, fsynced, then renamed,
+so a crash or SIGKILL at any moment leaves either the old entry or the new one, never a
+torn file. Unknown or corrupt files are reported and skipped, never deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+ENTRY_SCHEMA_VERSION = 1
+ENTRY_KINDS = ("finding", "crash", "calibration", "regression")
+STATUSES = ("new", "confirmed", "flaky", "fixed")
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON so that ``path`` always holds a complete document."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=False, allow_nan=False, default=_json_default)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def counts_to_json(counts: Mapping[tuple[int, ...], int]) -> list[list]:
+    return [[list(k), int(v)] for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def counts_from_json(rows: list) -> dict[tuple[int, ...], int]:
+    return {tuple(k): int(v) for k, v in rows}
+
+
+def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None) -> str:
+    """Stable id of a finding: same engine, same case, same kind and attribution = same entry."""
+    h = hashlib.sha256(json.dumps([kind, engine_name, case_json, label], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Entry:
+    kind: str  # one of ENTRY_KINDS
+    engine: dict  # name, version, torch, device, ...
+    case: dict  # Case.to_json()
+    counts: dict[tuple[int, ...], int] = field(default_factory=dict)
+    verdict: dict | None = None
+    attribution: dict | None = None
+    calibration: dict | None = None  # the same engine with speculation off
+    evidence: str = ""
+    log: str = ""  # crash log tail, for crash entries
+    status: str = "new"
+    first_seen: str = field(default_factory=now_iso)
+    last_seen: str = field(default_factory=now_iso)
+    times_seen: int = 1
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str | None:
+        return None if self.attribution is None else self.attribution.get("label")
+
+    @property
+    def signature(self) -> str:
+        return signature(self.kind, str(self.engine.get("name")), self.case, self.label)
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": ENTRY_SCHEMA_VERSION,
+            "signature": self.signature,
+            "kind": self.kind,
+            "status": self.status,
+            "engine": self.engine,
+            "case": self.case,
+            "counts": counts_to_json(self.counts),
+            "verdict": self.verdict,
+            "attribution": self.attribution,
+            "calibration": self.calibration,
+            "evidence": self.evidence,
+            "log": self.log,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "times_seen": self.times_seen,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Entry":
+        if d.get("schema_version") != ENTRY_SCHEMA_VERSION:
+            raise ValueError(f"schema_version={d.get('schema_version')!r}: expected {ENTRY_SCHEMA_VERSION}")
+        if d.get("kind") not in ENTRY_KINDS:
+            raise ValueError(f"kind={d.get('kind')!r}: one of {ENTRY_KINDS}")
+        return cls(
+            kind=d["kind"], engine=dict(d["engine"]), case=dict(d["case"]), counts=counts_from_json(d.get("counts", [])),
+            verdict=d.get("verdict"), attribution=d.get("attribution"), calibration=d.get("calibration"),
+            evidence=d.get("evidence", ""), log=d.get("log", ""), status=d.get("status", "new"),
+            first_seen=d.get("first_seen", now_iso()), last_seen=d.get("last_seen", now_iso()),
+            times_seen=int(d.get("times_seen", 1)), extra=dict(d.get("extra", {})),
+        )
+
+
+class Corpus:
+    """A folder of entries, ``<kind>-<signature>.json``."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def path_for(self, entry: Entry) -> Path:
+        return self.root / f"{entry.kind}-{entry.signature}.json"
+
+    def store(self, entry: Entry) -> tuple[Path, bool]:
+        """Write an entry; if its signature is already stored, update last seen. Returns (path, is_new)."""
+        path = self.path_for(entry)
+        if path.exists():
+            try:
+                old = Entry.from_json(json.loads(path.read_text()))
+            except (ValueError, KeyError, json.JSONDecodeError):
+                old = None
+            if old is not None:
+                entry.first_seen = old.first_seen
+                entry.times_seen = old.times_seen + 1
+                if old.status in ("confirmed", "fixed"):
+                    entry.status = "confirmed" if old.status == "confirmed" else "new"
+                atomic_write_json(path, entry.to_json())
+                return path, False
+        atomic_write_json(path, entry.to_json())
+        return path, True
+
+    def entries(self) -> Iterator[tuple[Path, Entry | Exception]]:
+        """Every ``*.json`` file with its entry, or the error that made it unreadable."""
+        if not self.root.exists():
+            return
+        for path in sorted(self.root.rglob("*.json")):
+            try:
+                yield path, Entry.from_json(json.loads(path.read_text()))
+            except (ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+                yield path, exc
