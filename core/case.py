@@ -68,10 +68,11 @@ class Case:
         kw.update(changes)
         return Case(**kw)
 
-    def target_law(self):
+    def target_law(self, profile: str = "vllm"):
+        """The exact law μ of this case under an engine's semantics profile."""
         from specfuzz.oracle.law import TargetLaw
 
-        return TargetLaw(self.target_table, self.prompt, self.params, eos_token_id=self.eos_token_id)
+        return TargetLaw(self.target_table, self.prompt, self.params, eos_token_id=self.eos_token_id, profile=profile)
 
     def process(self, spec: SpecConfig | None = None, target=None) -> SpeculativeProcess:
         """The reference sampler's generation process for this case (``spec`` overrides)."""

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 
 from specfuzz.case import Case
 from specfuzz.errors import AmbiguousSemantics
-from specfuzz.oracle.speculative import BUG_CLASSES, ExactDriver
+from specfuzz.oracle.speculative import BUG_CLASSES, METHODS as REFERENCE_METHODS, ExactDriver
 from specfuzz.oracle.stats import Attribution, SequentialTest, Verdict, attribute
 
 # μD enumeration is skipped (the case is judged by the universal test alone) past this
@@ -27,17 +27,19 @@ def _tv(a: Mapping, b: Mapping) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
 
 
-def target_law_dict(case: Case, max_outcomes: int = 200_000) -> dict[tuple[int, ...], float] | None:
+def target_law_dict(case: Case, max_outcomes: int = 200_000, profile: str = "vllm") -> dict[tuple[int, ...], float] | None:
     """μ over complete outputs, or None when the output space is too large to enumerate."""
     from specfuzz.oracle.law import OutputSpaceTooLarge
 
     try:
-        return case.target_law().enumerate(max_outcomes=max_outcomes).as_dict()
+        return case.target_law(profile).enumerate(max_outcomes=max_outcomes).as_dict()
     except OutputSpaceTooLarge:
         return None
 
 
-def bug_laws(case: Case, mu: Mapping | None = None, classes: Iterable[str] | None = None) -> dict[str, dict]:
+def bug_laws(
+    case: Case, mu: Mapping | None = None, classes: Iterable[str] | None = None, profile: str = "vllm"
+) -> dict[str, dict]:
     """Exact μD of each catalogued class under the case's speculation settings.
 
     Classes whose law equals μ for this case (the bug cannot show here) and classes whose
@@ -45,8 +47,10 @@ def bug_laws(case: Case, mu: Mapping | None = None, classes: Iterable[str] | Non
     """
     if case.spec is None:
         return {}
+    if case.spec.method not in REFERENCE_METHODS:
+        return {}
     out: dict[str, dict] = {}
-    target = case.target_law()
+    target = case.target_law(profile)
     for bug in classes or BUG_CLASSES:
         try:
             law = ExactDriver(case.process(replace(case.spec, inject=bug), target=target), max_states=MAX_BUG_LAW_STATES).law()
@@ -88,11 +92,13 @@ class CaseTest:
         alpha: float,
         tolerance: float = 0.0,
         with_bug_laws: bool = True,
+        profile: str = "vllm",
     ) -> None:
         self.case = case
-        self.law = case.target_law()
-        self.mu = target_law_dict(case)
-        self.alternatives = bug_laws(case, self.mu) if with_bug_laws and self.mu is not None else {}
+        self.profile = profile
+        self.law = case.target_law(profile)
+        self.mu = target_law_dict(case, profile=profile)
+        self.alternatives = bug_laws(case, self.mu, profile=profile) if with_bug_laws and self.mu is not None else {}
         self.alpha = alpha
         self.tolerance = tolerance
         self.test = SequentialTest(
@@ -120,8 +126,11 @@ class CaseTest:
         return Judgement(verdict, attribution, dict(self.test.optimal_samples), condition)
 
 
-def judge(case: Case, outputs: Iterable[tuple[int, ...]], *, alpha: float, tolerance: float = 0.0, n_planned: int | None = None) -> Judgement:
+def judge(
+    case: Case, outputs: Iterable[tuple[int, ...]], *, alpha: float, tolerance: float = 0.0,
+    n_planned: int | None = None, profile: str = "vllm",
+) -> Judgement:
     """One-shot: the verdict and attribution for a case and all its outputs."""
-    t = CaseTest(case, alpha=alpha, tolerance=tolerance)
+    t = CaseTest(case, alpha=alpha, tolerance=tolerance, profile=profile)
     t.update(outputs)
     return t.judgement(n_planned)
