@@ -12,7 +12,8 @@ from specfuzz.errors import AmbiguousSemantics
 from specfuzz.oracle.catalogue import catalogue
 from specfuzz.oracle.judge import CaseTest
 from specfuzz.oracle.law import OutputSpaceTooLarge
-from specfuzz.oracle.speculative import BUG_CLASSES, Coin, Draw, MonteCarloDriver, RoundResult, SpeculativeProcess
+from example_engines import ResampleFromTargetProcess
+from specfuzz.oracle.speculative import BUG_CLASSES, MonteCarloDriver
 from specfuzz.oracle.speculative import SpecConfig
 from specfuzz.oracle.stats import AlphaSpender
 from specfuzz.strategies import cases
@@ -71,27 +72,6 @@ def test_correct_reference_sampler_raises_no_false_alarm_over_200_random_cases()
     assert checked == 200
     assert failures == []
     assert spender.spent <= ALPHA
-
-
-class ResampleFromTargetProcess(SpeculativeProcess):
-    """A bug outside the catalogue: on rejection, resample from p instead of (p - q)+ (condition 1)."""
-
-    def _token_verify(self, committed, drafts, qs, res: RoundResult):
-        out = committed
-        for i, (d, q) in enumerate(zip(drafts, qs)):
-            p = self.p_at(out, i)
-            a = 0.0 if q[d] == 0 else min(1.0, p[d] / q[d])
-            if a >= 1.0 or (a > 0 and (yield Coin(a))):
-                res.accepted += 1
-                if self._emit(committed, res, d):
-                    return
-                out = out + (d,)
-                continue
-            tok = yield Draw(p)  # the bug: p, not the residual
-            self._emit(committed, res, int(tok))
-            return
-        tok = yield Draw(self.p_at(out, len(drafts)))
-        self._emit(committed, res, int(tok))
 
 
 def test_a_bug_outside_the_catalogue_is_detected_and_labelled_unknown():

@@ -1,0 +1,281 @@
+"""Engines run in a child process, with timeouts; a crash is a finding, not the end.
+
+:class:`IsolatedEngine` hosts any :class:`~specfuzz.engines.base.Engine` in a child
+process started with ``spawn``. The child's stdout/stderr (file descriptors 1 and 2, so
+C++/CUDA messages too) go to a log file. When the child dies (a segfault, a GPU fault,
+SIGKILL, out-of-memory), hangs past its timeout, or the engine raises, the parent gets
+an :class:`EngineCrash` carrying the log tail; the next call starts a fresh child.
+Bad configuration (:class:`~specfuzz.errors.InvalidInput` from ``start``) is re-raised
+as such: it is the user's error, not the engine's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from specfuzz.engines.base import Capabilities, Completion, EngineConfig, Request
+from specfuzz.errors import InvalidInput, SpecfuzzError
+
+BUILTIN_ENGINES = {
+    "reference": "specfuzz.engines.reference_engine:ReferenceEngine",
+    "vllm": "specfuzz.engines.vllm_engine:VLLMEngine",
+    "hf": "specfuzz.engines.hf_engine:HFEngine",
+}
+LOG_TAIL_BYTES = 8000
+
+
+class EngineCrash(SpecfuzzError):
+    """The engine process died, hung, or raised. ``kind``: exit, signal, timeout, exception."""
+
+    def __init__(self, kind: str, detail: str, log_tail: str = "") -> None:
+        self.kind = kind
+        self.detail = detail
+        self.log_tail = log_tail
+        super().__init__(f"engine {kind}: {detail}")
+
+
+def resolve_engine(spec: str) -> str:
+    """A builtin engine name or ``package.module:Class`` -> ``module:Class``."""
+    target = BUILTIN_ENGINES.get(spec, spec)
+    if ":" not in target or not all(target.split(":", 1)):
+        raise InvalidInput("engine", spec, f"one of {sorted(BUILTIN_ENGINES)} or 'package.module:Class'")
+    return target
+
+
+def load_engine_class(spec: str) -> type:
+    module_name, cls_name = resolve_engine(spec).split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInput("engine", spec, f"an importable module ({exc})") from None
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise InvalidInput("engine", spec, f"a class {cls_name!r} in module {module_name!r}")
+    missing = [m for m in ("capabilities", "version", "start", "generate") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise InvalidInput("engine", spec, f"a class implementing the Engine interface (missing: {', '.join(missing)})")
+    return cls
+
+
+def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str) -> None:  # pragma: no cover - runs in the child
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    try:
+        engine = load_engine_class(engine_spec)(**kwargs)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        conn.send(_error_reply(exc))
+        return
+    while True:
+        try:
+            cmd, args = conn.recv()
+        except EOFError:
+            return
+        try:
+            if cmd == "close":
+                close = getattr(engine, "close", None)
+                if close:
+                    close()
+                conn.send(("ok", None))
+                return
+            result = getattr(engine, cmd)(*args)
+            if cmd in ("version",):
+                result = dict(result)
+            if cmd == "generate":
+                result = list(result)
+            conn.send(("ok", result))
+        except BaseException as exc:  # noqa: BLE001
+            conn.send(_error_reply(exc))
+
+
+def _error_reply(exc: BaseException) -> tuple:
+    if isinstance(exc, InvalidInput):
+        return ("invalid", exc.name, repr(exc.value), exc.allowed)
+    return ("error", type(exc).__name__, str(exc), traceback.format_exc())
+
+
+class IsolatedEngine:
+    """An engine in a child process. Same methods as an Engine, plus restart bookkeeping."""
+
+    def __init__(
+        self,
+        engine_spec: str,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        start_timeout_s: float = 600.0,
+        call_timeout_s: float = 600.0,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.engine_spec = resolve_engine(engine_spec)
+        self.kwargs = dict(kwargs or {})
+        self.start_timeout_s = start_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="specfuzz-engine-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._proc: mp.Process | None = None
+        self._conn = None
+        self._config: EngineConfig | None = None
+        self._version: dict | None = None
+        self._caps: Capabilities | None = None
+        self.starts = 0
+        self.crashes = 0
+        self.log_path: Path | None = None
+
+    # -- process management ------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.log_path = self.log_dir / f"engine-{os.getpid()}-{self.starts + self.crashes}-{int(time.time())}.log"
+        self.log_path.touch()
+        proc = ctx.Process(target=_child_main, args=(child, self.engine_spec, self.kwargs, str(self.log_path)), daemon=True)
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self._config = None
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(10)
+        if self._proc is not None:
+            # The child leads its own process group: take its helpers (e.g. vLLM's
+            # engine-core processes) down with it.
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn, self._config = None, None, None
+
+    def log_tail(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            return f.read().decode("utf-8", "replace")
+
+    def _call(self, cmd: str, *args: Any, timeout: float) -> Any:
+        if self._proc is None:
+            self._spawn()
+        assert self._conn is not None and self._proc is not None
+        try:
+            self._conn.send((cmd, args))
+        except (BrokenPipeError, OSError):
+            return self._crashed("exit", f"engine process gone before {cmd}")
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self._crashed("timeout", f"{cmd} did not answer within {timeout:.0f} s")
+            try:
+                ready = self._conn.poll(min(remaining, 1.0))
+            except (EOFError, OSError):
+                ready = False
+            if ready:
+                try:
+                    reply = self._conn.recv()
+                except (EOFError, OSError):
+                    return self._crashed(*self._death(cmd))
+                break
+            if not self._proc.is_alive():
+                return self._crashed(*self._death(cmd))
+        status = reply[0]
+        if status == "ok":
+            return reply[1]
+        if status == "invalid":
+            _, name, value_repr, allowed = reply
+            raise InvalidInput(name, _Repr(value_repr), allowed)
+        _, exc_type, message, tb = reply
+        self._kill()
+        self.crashes += 1
+        raise EngineCrash("exception", f"{cmd} raised {exc_type}: {message}", (self.log_tail() + "\n" + tb)[-LOG_TAIL_BYTES:])
+
+    def _death(self, cmd: str) -> tuple[str, str]:
+        assert self._proc is not None
+        self._proc.join(5)
+        code = self._proc.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+            return "signal", f"engine process killed by {name} during {cmd}"
+        return "exit", f"engine process exited with code {code} during {cmd}"
+
+    def _crashed(self, kind: str, detail: str):
+        tail = self.log_tail()
+        self._kill()
+        self.crashes += 1
+        raise EngineCrash(kind, detail, tail)
+
+    # -- the Engine interface ----------------------------------------------------------
+
+    def start(self, config: EngineConfig) -> None:
+        """Start (or reuse) an engine on ``config``; a different config restarts it."""
+        if self._proc is not None and self._config == config:
+            return
+        if self._proc is not None:
+            self.close()
+        self._call("start", config, timeout=self.start_timeout_s)
+        self._config = config
+        self.starts += 1
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if self._proc is None or self._config is None:
+            raise RuntimeError("generate() before start()")
+        return self._call("generate", list(requests), timeout=self.call_timeout_s)
+
+    def version(self) -> dict:
+        if self._version is None:
+            self._version = dict(self._call("version", timeout=self.start_timeout_s))
+        return self._version
+
+    def capabilities(self) -> Capabilities:
+        if self._caps is None:
+            self._caps = self._call("capabilities", timeout=self.start_timeout_s)
+        return self._caps
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            if self._proc.is_alive():
+                self._conn.send(("close", ()))
+                if self._conn.poll(30):
+                    self._conn.recv()
+        except (BrokenPipeError, EOFError, OSError):
+            pass
+        self._kill()
+
+    def __enter__(self) -> "IsolatedEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Repr:
+    """Carries a value's repr across the process boundary for error messages."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text

@@ -1,0 +1,123 @@
+"""The built-in reference engine: the reference speculative sampler behind the Engine interface.
+
+It reads the same checkpoints a real engine gets (the table is read back from
+``lm_head``), samples with :class:`~specfuzz.oracle.speculative.MonteCarloDriver` under
+the oracle's "vllm" semantics, and can inject any catalogued bug (``inject="N3"``).
+With no injection it is correct by construction and by test, so every campaign against
+it must come back empty; with one it is the positive control.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request
+from specfuzz.errors import InvalidInput
+from specfuzz.oracle.law import TargetLaw
+from specfuzz.oracle.params import SamplingParams
+from specfuzz.oracle.speculative import BUG_CLASSES, METHODS, DraftModel, MonteCarloDriver, SpecConfig, SpeculativeProcess
+
+ALL_SAMPLING = frozenset(SamplingParams.__dataclass_fields__)
+
+
+def _eos_of(ckpt: Path) -> int | None:
+    cfg = json.loads((Path(ckpt) / "config.json").read_text())
+    eos = cfg.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos
+
+
+class ReferenceEngine(Engine):
+    name = "reference"
+
+    def __init__(self, inject: str | None = None) -> None:
+        if inject is not None and inject not in BUG_CLASSES:
+            raise InvalidInput("inject", inject, f"None or one of {sorted(BUG_CLASSES)}")
+        self.inject = inject
+        self._config: EngineConfig | None = None
+        self._laws: dict[tuple, TargetLaw] = {}
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(methods=METHODS, sampling=ALL_SAMPLING, dtypes=("float32", "bfloat16", "float16"),
+                            profile="vllm", draft_vocab="any")
+
+    def version(self) -> Mapping[str, str]:
+        import specfuzz
+
+        return {
+            "name": "reference" + (f"+{self.inject}" if self.inject else ""),
+            "version": specfuzz.__version__,
+            "numpy": np.__version__,
+            "device": "cpu",
+            "python": platform.python_version(),
+        }
+
+    def start(self, config: EngineConfig) -> None:
+        from specfuzz.tablegen import load_table
+
+        self._table = load_table(config.target_dir)  # [V, V]
+        self._eos = _eos_of(config.target_dir)
+        spec = config.speculation
+        self._draft = None
+        if spec is not None:
+            if spec.method not in METHODS:
+                raise InvalidInput("speculation method", spec.method, f"one of {METHODS} for the reference engine")
+            if spec.uses_draft_model:
+                if config.draft_dir is None:
+                    raise InvalidInput("draft_dir", None, f"a draft checkpoint for method {spec.method!r}")
+                draft = load_table(config.draft_dir)  # [R, R], reduced vocabularies padded with masked columns
+                width = int(config.settings.get("draft_vocab_size", draft.shape[1]))
+                d2t = config.settings.get("draft_d2t")
+                self._draft = DraftModel(draft[:, :width], None if d2t is None else tuple(d2t))
+        self._spec = spec
+        self._config = config
+        self._laws.clear()
+
+    def _law(self, prompt: tuple[int, ...], params: SamplingParams) -> TargetLaw:
+        key = (prompt, json.dumps(params.to_json(), sort_keys=True))
+        law = self._laws.get(key)
+        if law is None:
+            if len(self._laws) > 256:
+                self._laws.clear()
+            law = TargetLaw(self._table, prompt, params, eos_token_id=self._eos)
+            self._laws[key] = law
+        return law
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if self._config is None:
+            raise RuntimeError("generate() before start()")
+        out: list[Completion] = []
+        for req in requests:
+            law = self._law(tuple(req.prompt), req.params)
+            rng = np.random.default_rng(req.seed)
+            if self._spec is None:
+                tokens = self._plain_sample(law, rng)
+                proposed = accepted = None
+            else:
+                spec = self._spec
+                if self.inject is not None:
+                    spec = SpecConfig.from_json({**spec.to_json(), "inject": self.inject})
+                proc = SpeculativeProcess(law, req.prompt, req.params.max_tokens, spec, self._draft, req.params.temperature)
+                driver = MonteCarloDriver(proc, rng)
+                tokens = driver.sample()
+                proposed, accepted = driver.stats.proposed, driver.stats.accepted
+            last = tokens[-1] if tokens else None
+            stopped = last is not None and 0 <= last < law.vocab_size and law.is_stop_token(last)
+            out.append(Completion(tokens, "stop" if stopped else "length", proposed, accepted))
+        return out
+
+    @staticmethod
+    def _plain_sample(law: TargetLaw, rng: np.random.Generator) -> tuple[int, ...]:
+        """Speculation off: one token at a time from the exact conditional."""
+        out: tuple[int, ...] = ()
+        while not (out and law.is_terminal(out)):
+            p = law.conditional(out)  # [V]
+            c = np.cumsum(p)
+            out = out + (int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1)),)
+        return out

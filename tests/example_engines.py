@@ -1,0 +1,90 @@
+"""Third-party engines for tests, loaded the way users load theirs: ``--engine module:Class``.
+
+None of them is known to specfuzz: they are imported by name in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Sequence
+
+import numpy as np
+
+from specfuzz.engines.base import Completion, EngineConfig, Request
+from specfuzz.engines.reference_engine import ReferenceEngine
+from specfuzz.oracle.speculative import Coin, Draw, MonteCarloDriver, RoundResult, SpeculativeProcess
+
+
+class ResampleFromTargetProcess(SpeculativeProcess):
+    """A bug outside the catalogue: on rejection, resample from p instead of (p - q)+ (condition 1)."""
+
+    def _token_verify(self, committed, drafts, qs, res: RoundResult):
+        out = committed
+        for i, (d, q) in enumerate(zip(drafts, qs)):
+            p = self.p_at(out, i)
+            a = 0.0 if q[d] == 0 else min(1.0, p[d] / q[d])
+            if a >= 1.0 or (a > 0 and (yield Coin(a))):
+                res.accepted += 1
+                if self._emit(committed, res, d):
+                    return
+                out = out + (d,)
+                continue
+            tok = yield Draw(p)  # the bug: p, not the residual
+            self._emit(committed, res, int(tok))
+            return
+        tok = yield Draw(self.p_at(out, len(drafts)))
+        self._emit(committed, res, int(tok))
+
+
+class UncataloguedBugEngine(ReferenceEngine):
+    """The reference engine with a bug specfuzz has never been told about."""
+
+    name = "uncatalogued-bug"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if self._spec is None:
+            return super().generate(requests)
+        out = []
+        for req in requests:
+            law = self._law(tuple(req.prompt), req.params)
+            proc = ResampleFromTargetProcess(law, req.prompt, req.params.max_tokens, self._spec, self._draft, req.params.temperature)
+            driver = MonteCarloDriver(proc, np.random.default_rng(req.seed))
+            out.append(Completion(driver.sample(), "stop"))
+        return out
+
+
+class FaultyEngine(ReferenceEngine):
+    """Fails on purpose on its ``fail_on``-th generate call: raise, segfault, or hang."""
+
+    name = "faulty"
+
+    def __init__(self, mode: str = "raise", fail_on: int = 1, **kw) -> None:
+        super().__init__(**kw)
+        self.mode = mode
+        self.fail_on = fail_on
+        self.calls = 0
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        self.calls += 1
+        if self.calls >= self.fail_on:
+            print(f"faulty engine: failing with mode {self.mode}", flush=True)
+            if self.mode == "raise":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+            if self.mode == "segfault":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if self.mode == "hang":
+                time.sleep(3600)
+        return super().generate(requests)
+
+
+class SlowEngine(ReferenceEngine):
+    """Sleeps in every generate call, so a test can kill it mid-run."""
+
+    def generate(self, requests):
+        time.sleep(60)
+        return super().generate(requests)

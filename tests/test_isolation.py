@@ -1,0 +1,112 @@
+"""Engines in child processes: crashes, kills and hangs become crash findings; the caller goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from specfuzz.engines.isolation import EngineCrash, IsolatedEngine, resolve_engine
+from specfuzz.errors import InvalidInput
+from specfuzz.fuzz.corpus import Corpus
+from specfuzz.fuzz.run import crash_entry, engine_config, run_case
+from specfuzz.oracle.catalogue import catalogue
+from specfuzz.oracle.speculative import SpecConfig
+
+ALPHA = 1e-3
+
+
+def _clean(bug: str):
+    case = catalogue()[bug].case
+    return case.with_(spec=replace(case.spec, inject=None))
+
+
+def test_third_party_engine_runs_by_module_and_class_name_and_its_unknown_bug_is_found(tmp_path):
+    case = _clean("N5").with_(spec=SpecConfig("draft_model", 2), draft_table=[[2.0, 0, 0, 0]] * 4)
+    with IsolatedEngine("example_engines:UncataloguedBugEngine") as eng:
+        run = run_case(eng, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=20000, batch=500)
+        assert eng.version()["name"] == "uncatalogued-bug"
+    assert run.crash is None
+    assert run.judgement.verdict.status == "fail", run.judgement.verdict.evidence
+    assert run.judgement.attribution.label == "unknown"
+
+
+def test_reference_engine_with_injection_is_caught_and_attributed_through_a_child_process(tmp_path):
+    with IsolatedEngine("reference", {"inject": "N6"}) as eng:
+        run = run_case(eng, _clean("N6"), ckpt_root=tmp_path, alpha=ALPHA, max_samples=5000, batch=100)
+    assert run.judgement.verdict.status == "fail"
+    assert run.judgement.attribution.label == "N6"
+
+
+def test_engine_that_raises_becomes_a_crash_finding_and_the_next_case_runs(tmp_path):
+    corpus = Corpus(tmp_path / "corpus")
+    eng = IsolatedEngine("example_engines:FaultyEngine", {"mode": "raise", "fail_on": 1})
+    case = _clean("N1")
+    run = run_case(eng, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=200, batch=100)
+    assert run.crash is not None and run.crash.kind == "exception"
+    assert "illegal memory access" in run.crash.detail
+    assert "faulty engine: failing" in run.crash.log_tail
+    path, is_new = corpus.store(crash_entry(eng, case, run.crash, "faulty"))
+    stored = json.loads(path.read_text())
+    assert is_new and stored["kind"] == "crash" and "illegal memory access" in stored["evidence"]
+    # The caller goes on: the next case restarts a fresh engine process.
+    eng.kwargs = {"mode": "raise", "fail_on": 10**9}
+    run2 = run_case(eng, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=300, batch=100)
+    assert run2.crash is None and run2.n == 300
+    assert eng.crashes == 1 and eng.starts == 2
+    eng.close()
+
+
+def test_engine_segfault_is_a_crash_finding(tmp_path):
+    with IsolatedEngine("example_engines:FaultyEngine", {"mode": "segfault"}) as eng:
+        run = run_case(eng, _clean("N1"), ckpt_root=tmp_path, alpha=ALPHA, max_samples=100, batch=100)
+    assert run.crash is not None and run.crash.kind == "signal"
+    assert "SIGSEGV" in run.crash.detail
+
+
+def test_engine_killed_with_sigkill_mid_run_is_a_crash_and_the_caller_goes_on(tmp_path):
+    eng = IsolatedEngine("example_engines:SlowEngine")
+    case = _clean("N1")
+    result = {}
+
+    def work():
+        result["run"] = run_case(eng, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=100, batch=100)
+
+    th = threading.Thread(target=work)
+    th.start()
+    deadline = time.time() + 60
+    while eng._config is None and time.time() < deadline:  # wait until started and generating
+        time.sleep(0.1)
+    time.sleep(0.5)
+    os.kill(eng.pid, signal.SIGKILL)
+    th.join(60)
+    crash = result["run"].crash
+    assert crash is not None and crash.kind == "signal" and "SIGKILL" in crash.detail
+    eng.close()
+    with IsolatedEngine("reference") as eng2:
+        run = run_case(eng2, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=300, batch=100)
+    assert run.crash is None and run.n == 300
+
+
+def test_hanging_engine_times_out_as_a_crash(tmp_path):
+    with IsolatedEngine("example_engines:FaultyEngine", {"mode": "hang"}, call_timeout_s=3) as eng:
+        t0 = time.time()
+        run = run_case(eng, _clean("N1"), ckpt_root=tmp_path, alpha=ALPHA, max_samples=100, batch=100)
+    assert run.crash is not None and run.crash.kind == "timeout"
+    assert time.time() - t0 < 60
+
+
+def test_bad_engine_names_and_configs_are_clear_errors(tmp_path):
+    with pytest.raises(InvalidInput, match="engine='nope'"):
+        resolve_engine("nope")
+    with pytest.raises(InvalidInput, match="no_such_module"):
+        IsolatedEngine("no_such_module:Engine").version()
+    case = _clean("N5").with_(spec=SpecConfig("eagle", 1))
+    with IsolatedEngine("reference") as eng:
+        with pytest.raises(InvalidInput, match="'eagle'"):
+            eng.start(engine_config(case, tmp_path))
