@@ -80,6 +80,81 @@ def catalogue_cmd(bugs: tuple[str, ...], alpha: float, max_samples: int, seed: i
     sys.exit(0 if ok else 1)
 
 
+def _engine_kwargs(engine: str, inject: str | None) -> dict:
+    if inject is None:
+        return {}
+    if engine != "reference":
+        raise click.BadParameter(f"{inject!r}: --inject only applies to --engine reference", param_hint="--inject")
+    return {"inject": inject}
+
+
+@main.command("check")
+@click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, or package.module:Class.")
+@click.option("--inject", default=None, help="Reference engine only: inject a catalogued bug (N1..N7).")
+@click.option("--samples", default=4000, show_default=True, help="Samples per run (fewer if the verdict fails earlier).")
+@click.option("--alpha", default=1e-3, show_default=True)
+@click.option("--tolerance", default=0.0, show_default=True, help="Per-token probability tolerance (for inexact dtypes).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", default=0, show_default=True)
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpus_dir, seed, work_dir) -> None:
+    """Run one case on an engine: calibration with speculation off, then speculation on.
+
+    A speculation-on failure whose calibration passed is stored in the corpus as a
+    finding; a calibration failure is stored as a calibration entry (an oracle/profile
+    error or a non-speculative engine bug); a crash as a crash entry.
+    """
+    from specfuzz.case import Case
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.corpus import Corpus, Entry
+    from specfuzz.fuzz.run import crash_entry, finding_entry, run_case
+
+    data = json.loads(case_file.read_text())
+    case = Case.from_json(data.get("case", data))
+    corpus = Corpus(corpus_dir)
+    eng = IsolatedEngine(engine, _engine_kwargs(engine, inject), log_dir=work_dir / "logs")
+    try:
+        profile = eng.capabilities().profile
+        kw = dict(ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples, seed=seed,
+                  profile=profile, tolerance=tolerance, dtype=dtype)
+        t = Table(title=f"{case_file.name} on {engine}" + (f" (+{inject})" if inject else ""))
+        for col in ("run", "samples", "verdict", "e-value", "attribution", "seconds"):
+            t.add_column(col)
+        runs = {}
+        for label, spec_on in (("speculation off", False), ("speculation on", True)):
+            if spec_on and case.spec is None:
+                continue
+            r = run_case(eng, case, speculation=spec_on, **kw)
+            runs[label] = r
+            if r.crash is not None:
+                path, _ = corpus.store(crash_entry(eng, case, r.crash, engine))
+                t.add_row(label, str(r.n), f"crash ({r.crash.kind})", "-", "-", f"{r.seconds:.1f}")
+                console.print(f"[red]{r.crash}[/red] -> {path}")
+                continue
+            j = r.judgement
+            attr = j.attribution.label if j.attribution else "-"
+            t.add_row(label, str(r.n), j.verdict.status, f"{j.verdict.e_value:.3g}", attr, f"{r.seconds:.1f}")
+        console.print(t)
+        off, on = runs.get("speculation off"), runs.get("speculation on")
+        version = eng.version()
+        if off is not None and off.failed:
+            entry = finding_entry(version, off, None)
+            entry.kind = "calibration"
+            path, _ = corpus.store(entry)
+            console.print(f"[yellow]calibration failed[/yellow] (speculation off disagrees with μ): stored {path}")
+            sys.exit(1)
+        if on is not None and on.failed:
+            path, new = corpus.store(finding_entry(version, on, off))
+            console.print(f"[red]finding[/red]: {on.judgement.verdict.evidence}\n{'stored' if new else 'updated'} {path}")
+            sys.exit(1)
+        if any(r.crash for r in runs.values()):
+            sys.exit(1)
+    finally:
+        eng.close()
+
+
 def run() -> None:
     try:
         main(standalone_mode=True)

@@ -98,6 +98,17 @@ class Entry:
     times_seen: int = 1
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Accept the JSON text forms of verdicts and attributions as well as dicts.
+        for name in ("verdict", "attribution", "calibration"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, json.loads(value))
+        if self.kind not in ENTRY_KINDS:
+            raise ValueError(f"kind={self.kind!r}: one of {ENTRY_KINDS}")
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r}: one of {STATUSES}")
+
     @property
     def label(self) -> str | None:
         return None if self.attribution is None else self.attribution.get("label")

@@ -128,7 +128,7 @@ def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | Non
         case=run.case.to_json(),
         counts=dict(run.counts),
         verdict=j.verdict.to_dict(),
-        attribution=None if j.attribution is None else j.attribution.to_json(),
+        attribution=None if j.attribution is None else j.attribution.to_dict(),
         calibration=None if calibration is None or calibration.judgement is None else calibration.judgement.verdict.to_dict(),
         evidence=j.verdict.evidence,
         extra={"broken_condition": j.broken_condition, "optimal_samples": j.to_json()["optimal_samples"],

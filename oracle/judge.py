@@ -76,7 +76,7 @@ class Judgement:
     def to_json(self) -> dict:
         return {
             "verdict": self.verdict.to_dict(),
-            "attribution": None if self.attribution is None else self.attribution.to_json(),
+            "attribution": None if self.attribution is None else self.attribution.to_dict(),
             "optimal_samples": {k: (v if math.isfinite(v) else "inf") for k, v in self.optimal_samples.items()},
             "broken_condition": self.broken_condition,
         }
