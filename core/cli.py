@@ -17,10 +17,103 @@ from specfuzz.errors import SpecfuzzError
 console = Console()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _DefaultToFuzz(click.Group):
+    """``specfuzz --budget 2h`` means ``specfuzz fuzz --budget 2h``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help", "--version")):
+            args = ["fuzz", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_DefaultToFuzz, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="specfuzz")
 def main() -> None:
-    """Prove or refute that an engine's speculative decoding samples exactly from the target law."""
+    """Prove or refute that an engine's speculative decoding samples exactly from the target law.
+
+    Without a command, runs a fuzz campaign (`specfuzz --budget 2h` = `specfuzz fuzz --budget 2h`).
+    """
+
+
+def parse_budget(text: str) -> float:
+    """'90s', '10m', '2h', '1h30m' or plain seconds -> seconds."""
+    import re
+
+    t = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise click.BadParameter(f"{text!r}: a duration like 90s, 10m, 2h or 1h30m", param_hint="--budget")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+@main.command("fuzz")
+@click.option("--budget", default="60s", show_default=True, help="Time budget: 90s, 10m, 2h, 1h30m.")
+@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, or package.module:Class.")
+@click.option("--inject", default=None, help="Reference engine only: inject a catalogued bug (N1..N7).")
+@click.option("--method", "methods", multiple=True,
+              help="Speculation methods to fuzz (repeatable); 'none' = speculation off (a calibration campaign). Default: all the engine supports.")
+@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", default=0, show_default=True, help="Deterministic with the same seed (and engine).")
+@click.option("--workers", default=1, show_default=True, help="Parallel campaign processes sharing the corpus.")
+@click.option("--alpha", default=1e-3, show_default=True, help="Campaign-wide false-alarm probability.")
+@click.option("--samples", "max_samples", default=1000, show_default=True, help="Samples per request pattern when the verdict does not fail earlier.")
+@click.option("--max-vocab", default=5, show_default=True)
+@click.option("--max-tokens", default=4, show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--quiet", is_flag=True, help="No live display; print the summary only.")
+@click.option("--worker-index", default=0, hidden=True)
+def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
+             dtype, work_dir, quiet, worker_index) -> None:
+    """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
+    from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+    from specfuzz.fuzz.display import LiveDisplay, print_summary
+
+    budget_s = parse_budget(budget)
+    if workers < 1:
+        raise click.BadParameter(f"{workers}: an integer >= 1", param_hint="--workers")
+    meth: tuple[str, ...] | None
+    if not methods:
+        meth = None
+    elif "none" in methods:
+        if len(methods) > 1:
+            raise click.BadParameter(f"{methods!r}: 'none' alone, or speculation methods", param_hint="--method")
+        meth = ()
+    else:
+        meth = tuple(methods)
+    procs = []
+    if workers > 1 and worker_index == 0:
+        import subprocess
+
+        for w in range(1, workers):
+            cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--budget", str(budget_s), "--engine", engine,
+                   "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha / workers),
+                   "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens),
+                   "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w)]
+            cmd += ["--inject", inject] if inject else []
+            for m in methods:
+                cmd += ["--method", m]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        alpha = alpha / workers
+    cfg = CampaignConfig(
+        engine=engine, engine_kwargs=_engine_kwargs(engine, inject), budget_s=budget_s, corpus_dir=corpus_dir,
+        seed=seed, methods=meth, alpha=alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
+        dtype=dtype, work_dir=work_dir, worker=worker_index,
+    )
+    display = None if quiet else LiveDisplay(cfg, console)
+    campaign = Campaign(cfg, on_event=None if display is None else display.update)
+    try:
+        if display is not None:
+            with display:
+                stats = campaign.run()
+        else:
+            stats = campaign.run()
+    finally:
+        for p in procs:
+            p.wait()
+    print_summary(console, cfg, stats, campaign.corpus)
 
 
 @main.command("law")

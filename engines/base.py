@@ -74,7 +74,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def start(self, config: EngineConfig) -> None:
-        """Load the checkpoints; raise InvalidInput for a config this engine cannot run."""
+        """Load the checkpoints; raise InvalidInput for a config this engine cannot run.
+
+        May be called again with another config on the same instance: release the
+        previous model first.
+        """
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[Request]) -> list[Completion]:

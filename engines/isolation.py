@@ -227,8 +227,8 @@ class IsolatedEngine:
         """Start (or reuse) an engine on ``config``; a different config restarts it."""
         if self._proc is not None and self._config == config:
             return
-        if self._proc is not None:
-            self.close()
+        # A live engine process is asked to start again on the new config (engines
+        # release their previous model in start()); a dead one is respawned by _call.
         self._call("start", config, timeout=self.start_timeout_s)
         self._config = config
         self.starts += 1

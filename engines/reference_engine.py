@@ -20,9 +20,19 @@ from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.law import TargetLaw
 from specfuzz.oracle.params import SamplingParams
-from specfuzz.oracle.speculative import BUG_CLASSES, METHODS, DraftModel, MonteCarloDriver, SpecConfig, SpeculativeProcess
+from specfuzz.oracle.speculative import (
+    BUG_CLASSES, METHODS, DraftModel, ExactDriver, MonteCarloDriver, SpecConfig, SpeculativeProcess,
+)
 
 ALL_SAMPLING = frozenset(SamplingParams.__dataclass_fields__)
+# "simulate": run the sampler round by round with random numbers (MonteCarloDriver).
+# "exact": compute the exact law of that same process once per request pattern
+# (ExactDriver) and draw outputs from it: the same distribution, hundreds of times
+# faster; tests check that simulation and exact law agree. Falls back to simulation
+# when the process is too large to enumerate.
+SAMPLING_MODES = ("exact", "simulate")
+# Replays per round / states per step beyond which "exact" falls back to simulation.
+EXACT_MODE_MAX_STATES = 20_000
 
 
 def _eos_of(ckpt: Path) -> int | None:
@@ -36,10 +46,14 @@ def _eos_of(ckpt: Path) -> int | None:
 class ReferenceEngine(Engine):
     name = "reference"
 
-    def __init__(self, inject: str | None = None) -> None:
+    def __init__(self, inject: str | None = None, mode: str = "exact") -> None:
         if inject is not None and inject not in BUG_CLASSES:
             raise InvalidInput("inject", inject, f"None or one of {sorted(BUG_CLASSES)}")
+        if mode not in SAMPLING_MODES:
+            raise InvalidInput("mode", mode, f"one of {SAMPLING_MODES}")
         self.inject = inject
+        self.mode = mode
+        self._process_laws: dict[tuple, tuple[list, np.ndarray] | None] = {}
         self._config: EngineConfig | None = None
         self._laws: dict[tuple, TargetLaw] = {}
 
@@ -78,6 +92,7 @@ class ReferenceEngine(Engine):
         self._spec = spec
         self._config = config
         self._laws.clear()
+        self._process_laws.clear()
 
     def _law(self, prompt: tuple[int, ...], params: SamplingParams) -> TargetLaw:
         key = (prompt, json.dumps(params.to_json(), sort_keys=True))
@@ -85,6 +100,7 @@ class ReferenceEngine(Engine):
         if law is None:
             if len(self._laws) > 256:
                 self._laws.clear()
+                self._process_laws.clear()
             law = TargetLaw(self._table, prompt, params, eos_token_id=self._eos)
             self._laws[key] = law
         return law
@@ -97,20 +113,54 @@ class ReferenceEngine(Engine):
             law = self._law(tuple(req.prompt), req.params)
             rng = np.random.default_rng(req.seed)
             if self._spec is None:
-                tokens = self._plain_sample(law, rng)
+                exact = self._exact_target(law) if self.mode == "exact" else None
+                tokens = self._draw(exact, rng) if exact is not None else self._plain_sample(law, rng)
                 proposed = accepted = None
             else:
                 spec = self._spec
                 if self.inject is not None:
                     spec = SpecConfig.from_json({**spec.to_json(), "inject": self.inject})
                 proc = SpeculativeProcess(law, req.prompt, req.params.max_tokens, spec, self._draft, req.params.temperature)
-                driver = MonteCarloDriver(proc, rng)
-                tokens = driver.sample()
-                proposed, accepted = driver.stats.proposed, driver.stats.accepted
+                exact = self._exact_law(proc, law) if self.mode == "exact" else None
+                if exact is not None:
+                    tokens = self._draw(exact, rng)
+                    proposed = accepted = None
+                else:
+                    driver = MonteCarloDriver(proc, rng)
+                    tokens = driver.sample()
+                    proposed, accepted = driver.stats.proposed, driver.stats.accepted
             last = tokens[-1] if tokens else None
             stopped = last is not None and 0 <= last < law.vocab_size and law.is_stop_token(last)
             out.append(Completion(tokens, "stop" if stopped else "length", proposed, accepted))
         return out
+
+    def _exact_law(self, proc: SpeculativeProcess, law: TargetLaw) -> tuple[list, np.ndarray] | None:
+        key = (id(law), json.dumps(proc.spec.to_json(), sort_keys=True))
+        if key not in self._process_laws:
+            try:
+                d = ExactDriver(proc, max_states=EXACT_MODE_MAX_STATES).law()
+                outputs = list(d)
+                self._process_laws[key] = (outputs, np.cumsum([d[o] for o in outputs]))  # [M]
+            except RuntimeError:
+                self._process_laws[key] = None
+        return self._process_laws[key]
+
+    def _exact_target(self, law: TargetLaw) -> tuple[list, np.ndarray] | None:
+        from specfuzz.oracle.law import OutputSpaceTooLarge
+
+        key = (id(law), None)
+        if key not in self._process_laws:
+            try:
+                o = law.enumerate(max_outcomes=EXACT_MODE_MAX_STATES)
+                self._process_laws[key] = (list(o.outputs), np.cumsum(o.probs))
+            except OutputSpaceTooLarge:
+                self._process_laws[key] = None
+        return self._process_laws[key]
+
+    @staticmethod
+    def _draw(exact: tuple[list, np.ndarray], rng: np.random.Generator) -> tuple[int, ...]:
+        outputs, cum = exact
+        return tuple(outputs[min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(outputs) - 1)])
 
     @staticmethod
     def _plain_sample(law: TargetLaw, rng: np.random.Generator) -> tuple[int, ...]:

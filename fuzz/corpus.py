@@ -75,9 +75,36 @@ def counts_from_json(rows: list) -> dict[tuple[int, ...], int]:
     return {tuple(k): int(v) for k, v in rows}
 
 
-def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None) -> str:
-    """Stable id of a finding: same engine, same case, same kind and attribution = same entry."""
-    h = hashlib.sha256(json.dumps([kind, engine_name, case_json, label], sort_keys=True).encode())
+def _active_features(case_json: Mapping) -> list[str]:
+    """Names of the sampling features a case switches on (non-default parameters)."""
+    from specfuzz.oracle.params import SamplingParams
+
+    default = SamplingParams().to_json()
+    params = case_json.get("params", {})
+    return sorted(k for k, v in params.items() if k != "max_tokens" and default.get(k) != v)
+
+
+def _draft_relation(case_json: Mapping) -> str | None:
+    draft = case_json.get("draft_table")
+    if not draft:
+        return None
+    v, vd = len(case_json.get("target_table", [])), len(draft[0])
+    return "narrower" if vd < v else ("wider" if vd > v else "equal")
+
+
+def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None, crash_kind: str | None = None) -> str:
+    """The fingerprint of a bug: re-finding the same bug maps to the same entry.
+
+    Engine, kind, speculation method and verification mode, and the attributed class;
+    for unattributed findings also the sampling features in play and the draft's width
+    relation to the target (different unknown bugs rarely share all of these); for
+    crashes the kind of crash.
+    """
+    spec = case_json.get("spec") or {}
+    feats: list = [kind, engine_name, spec.get("method"), spec.get("verify"), label, crash_kind]
+    if kind == "calibration" or label in (None, "unknown"):
+        feats += [_active_features(case_json), _draft_relation(case_json)]
+    h = hashlib.sha256(json.dumps(feats, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -115,7 +142,7 @@ class Entry:
 
     @property
     def signature(self) -> str:
-        return signature(self.kind, str(self.engine.get("name")), self.case, self.label)
+        return signature(self.kind, str(self.engine.get("name")), self.case, self.label, self.extra.get("crash_kind"))
 
     def to_json(self) -> dict:
         return {
@@ -162,19 +189,24 @@ class Corpus:
         return self.root / f"{entry.kind}-{entry.signature}.json"
 
     def store(self, entry: Entry) -> tuple[Path, bool]:
-        """Write an entry; if its signature is already stored, update last seen. Returns (path, is_new)."""
+        """Write a new entry, or, if its signature is stored, mark the stored one seen again.
+
+        The stored entry keeps its (already shrunk) case and evidence; only last_seen,
+        times_seen and a "fixed" status change. Returns (path, is_new).
+        """
         path = self.path_for(entry)
         if path.exists():
             try:
                 old = Entry.from_json(json.loads(path.read_text()))
-            except (ValueError, KeyError, json.JSONDecodeError):
-                old = None
+            except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+                old = None  # unreadable: keep it untouched, store the new one beside it
+                path = path.with_name(f"{path.stem}-{entry.last_seen.replace(':', '')}.json")
             if old is not None:
-                entry.first_seen = old.first_seen
-                entry.times_seen = old.times_seen + 1
-                if old.status in ("confirmed", "fixed"):
-                    entry.status = "confirmed" if old.status == "confirmed" else "new"
-                atomic_write_json(path, entry.to_json())
+                old.last_seen = entry.last_seen
+                old.times_seen += 1
+                if old.status == "fixed":
+                    old.status = "new"  # it came back
+                atomic_write_json(path, old.to_json())
                 return path, False
         atomic_write_json(path, entry.to_json())
         return path, True

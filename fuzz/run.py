@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from specfuzz.case import Case
 from specfuzz.engines.base import EngineConfig, Request
@@ -60,12 +61,12 @@ def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", specul
     )
 
 
-def run_case(
+def run_family(
     engine: IsolatedEngine,
-    case: Case,
+    cases: Sequence[Case],
     *,
     ckpt_root: Path,
-    alpha: float,
+    alphas: Sequence[float],
     max_samples: int = 4000,
     batch: int = 500,
     seed: int = 0,
@@ -74,37 +75,61 @@ def run_case(
     tolerance: float = 0.0,
     dtype: str = "float32",
     settings: dict | None = None,
-    case_test: CaseTest | None = None,
-) -> CaseRun:
-    """Sample ``case`` on ``engine`` until the verdict decides or ``max_samples`` are drawn."""
+    unseeded: Sequence[bool] | None = None,
+    tests: Sequence[CaseTest] | None = None,
+) -> list[CaseRun]:
+    """Sample request patterns sharing one model family on one engine, in mixed batches.
+
+    Every batch holds requests of every pattern still undecided (distinct seeds, or no
+    seed for patterns marked ``unseeded``); a pattern stops early once its evidence
+    reaches 1/α, otherwise at ``max_samples``. A crash ends every pattern's run.
+    """
     t0 = time.perf_counter()
-    test = case_test or CaseTest(case, alpha=alpha, tolerance=tolerance, profile=profile, with_bug_laws=speculation)
-    run = CaseRun(case, None)
-    cfg = engine_config(case, ckpt_root, dtype=dtype, speculation=speculation, settings=settings)
-    threshold = math.log(1 / alpha)
+    tests = list(tests) if tests is not None else [
+        CaseTest(c, alpha=a, tolerance=tolerance, profile=profile, with_bug_laws=speculation) for c, a in zip(cases, alphas)
+    ]
+    runs = [CaseRun(c, None) for c in cases]
+    unseeded = list(unseeded or [False] * len(cases))
+    thresholds = [math.log(1 / a) for a in alphas]
+    cfg = engine_config(cases[0], ckpt_root, dtype=dtype, speculation=speculation, settings=settings)
+    per_pattern = max(1, batch // len(cases))
+    next_seed = seed
+    crash: EngineCrash | None = None
     try:
         engine.start(cfg)
-        next_seed = seed
-        while run.n < max_samples:
-            k = min(batch, max_samples - run.n)
-            reqs = [Request(case.prompt, case.params, next_seed + i) for i in range(k)]
-            next_seed += k
-            outs = engine.generate(reqs)
-            toks = [tuple(o.token_ids) for o in outs]
-            run.counts.update(toks)
-            run.n += len(toks)
-            run.proposed += sum(o.num_draft_tokens or 0 for o in outs)
-            run.accepted += sum(o.num_accepted_tokens or 0 for o in outs)
-            test.update(toks)
-            # Stop early on evidence only: refuting every catalogued bug says nothing
-            # about unknown ones, so a pass needs the planned samples.
-            if test.test.log_e >= threshold:
+        while True:
+            live = [i for i, r in enumerate(runs) if r.n < max_samples and tests[i].test.log_e < thresholds[i]]
+            if not live:
                 break
-    except EngineCrash as crash:
-        run.crash = crash
-    run.judgement = test.judgement(n_planned=max_samples) if run.n else None
-    run.seconds = time.perf_counter() - t0
-    return run
+            reqs, owner = [], []
+            for i in live:
+                k = min(per_pattern, max_samples - runs[i].n)
+                for _ in range(k):
+                    reqs.append(Request(cases[i].prompt, cases[i].params, None if unseeded[i] else next_seed))
+                    owner.append(i)
+                    next_seed += 1
+            outs = engine.generate(reqs)
+            grouped: dict[int, list[tuple[int, ...]]] = {i: [] for i in live}
+            for i, o in zip(owner, outs):
+                grouped[i].append(tuple(o.token_ids))
+                runs[i].proposed += o.num_draft_tokens or 0
+                runs[i].accepted += o.num_accepted_tokens or 0
+            for i, toks in grouped.items():
+                runs[i].counts.update(toks)
+                runs[i].n += len(toks)
+                tests[i].update(toks)
+    except EngineCrash as exc:
+        crash = exc
+    for r, t in zip(runs, tests):
+        r.crash = crash
+        r.judgement = t.judgement(n_planned=max_samples) if r.n else None
+        r.seconds = time.perf_counter() - t0
+    return runs
+
+
+def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: CaseTest | None = None, **kw) -> CaseRun:
+    """Sample one case until the verdict fails or ``max_samples`` are drawn (see run_family)."""
+    return run_family(engine, [case], alphas=[alpha], tests=None if case_test is None else [case_test], **kw)[0]
 
 
 def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_name: str) -> Entry:

