@@ -212,10 +212,16 @@ class Corpus:
         return path, True
 
     def entries(self) -> Iterator[tuple[Path, Entry | Exception]]:
-        """Every ``*.json`` file with its entry, or the error that made it unreadable."""
+        """Every ``*.json`` file with its entry, or the error that made it unreadable.
+
+        Hidden files and folders (the campaign's ``.specfuzz/`` state, temporary files of
+        an interrupted write) are not entries and are skipped.
+        """
         if not self.root.exists():
             return
         for path in sorted(self.root.rglob("*.json")):
+            if any(part.startswith(".") for part in path.relative_to(self.root).parts):
+                continue  # campaign state (.specfuzz/) and temporary files
             try:
                 yield path, Entry.from_json(json.loads(path.read_text()))
             except (ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -63,14 +63,19 @@ class FaultyEngine(ReferenceEngine):
 
     name = "faulty"
 
-    def __init__(self, mode: str = "raise", fail_on: int = 1, **kw) -> None:
+    def __init__(self, mode: str = "raise", fail_on: int = 1, once_file: str | None = None, **kw) -> None:
         super().__init__(**kw)
         self.mode = mode
         self.fail_on = fail_on
+        self.once_file = once_file  # fail only in the first process that finds this file missing
         self.calls = 0
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         self.calls += 1
+        if self.once_file is not None:
+            if os.path.exists(self.once_file):
+                return super().generate(requests)
+            open(self.once_file, "w").close()
         if self.calls >= self.fail_on:
             print(f"faulty engine: failing with mode {self.mode}", flush=True)
             if self.mode == "raise":

@@ -45,7 +45,7 @@ def test_reference_engine_with_injection_is_caught_and_attributed_through_a_chil
 
 def test_engine_that_raises_becomes_a_crash_finding_and_the_next_case_runs(tmp_path):
     corpus = Corpus(tmp_path / "corpus")
-    eng = IsolatedEngine("example_engines:FaultyEngine", {"mode": "raise", "fail_on": 1})
+    eng = IsolatedEngine("example_engines:FaultyEngine", {"mode": "raise", "once_file": str(tmp_path / "failed-once")})
     case = _clean("N1")
     run = run_case(eng, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=200, batch=100)
     assert run.crash is not None and run.crash.kind == "exception"
@@ -55,7 +55,6 @@ def test_engine_that_raises_becomes_a_crash_finding_and_the_next_case_runs(tmp_p
     stored = json.loads(path.read_text())
     assert is_new and stored["kind"] == "crash" and "illegal memory access" in stored["evidence"]
     # The caller goes on: the next case restarts a fresh engine process.
-    eng.kwargs = {"mode": "raise", "fail_on": 10**9}
     run2 = run_case(eng, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=300, batch=100)
     assert run2.crash is None and run2.n == 300
     assert eng.crashes == 1 and eng.starts == 2

@@ -1,0 +1,107 @@
+"""The campaign: finds, shrinks and stores injected bugs; stays silent on a correct engine; resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specfuzz.cli import parse_budget
+from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+from specfuzz.fuzz.corpus import Corpus, Entry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _entries(corpus: Path) -> list[Entry]:
+    out = []
+    for path, e in Corpus(corpus).entries():
+        assert isinstance(e, Entry), f"{path}: {e}"
+        out.append(e)
+    return out
+
+
+def _campaign(tmp_path: Path, budget: float, **kw) -> tuple[Campaign, object]:
+    cfg = CampaignConfig(budget_s=budget, corpus_dir=tmp_path / "corpus", work_dir=tmp_path / "work", **kw)
+    c = Campaign(cfg)
+    return c, c.run()
+
+
+@pytest.mark.slow
+def test_campaign_finds_shrinks_and_attributes_an_injected_bug(tmp_path):
+    _, stats = _campaign(tmp_path, 60, engine_kwargs={"inject": "N6"}, seed=1)
+    found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
+    assert found, stats
+    e = found[0]
+    assert e.label == "N6"
+    assert e.calibration["status"] != "fail"  # the same engine with speculation off agrees with μ
+    case = e.case
+    # Shrunk: reads like a hand-written minimal repro.
+    assert len(case["target_table"]) <= 3
+    assert case["spec"]["method"] == "ngram" and case["spec"]["num_speculative_tokens"] <= 2
+    assert case["params"]["max_tokens"] <= 2
+
+
+@pytest.mark.slow
+def test_campaign_against_the_correct_reference_engine_stores_nothing(tmp_path):
+    _, stats = _campaign(tmp_path, 45, seed=3)
+    assert stats.patterns > 20
+    assert _entries(tmp_path / "corpus") == []
+
+
+@pytest.mark.slow
+def test_calibration_campaign_with_speculation_off_stores_nothing(tmp_path):
+    _, stats = _campaign(tmp_path, 20, seed=4, methods=())
+    assert stats.patterns > 10
+    assert _entries(tmp_path / "corpus") == []
+
+
+@pytest.mark.slow
+def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path):
+    _, stats = _campaign(tmp_path, 90, engine="example_engines:UncataloguedBugEngine", seed=5, methods=("draft_model",))
+    found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
+    assert found, stats
+    assert found[0].label == "unknown"
+
+
+@pytest.mark.slow
+def test_sigkilled_campaign_loses_nothing_and_does_not_rereport_on_resume(tmp_path):
+    corpus = tmp_path / "corpus"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--inject", "N6", "--corpus", str(corpus),
+           "--work-dir", str(tmp_path / "work"), "--quiet", "--seed", "1"]
+    p = subprocess.Popen(cmd + ["--budget", "120s"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 110
+    while time.time() < deadline and not list(corpus.glob("finding-*.json")):
+        time.sleep(0.2)
+    time.sleep(1.0)  # let it get busy again (state writes, next search)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    before = {path.name: json.loads(path.read_text()) for path in corpus.glob("*.json")}
+    assert before, "no finding stored before the kill"
+    for path in corpus.rglob("*.json"):
+        json.loads(path.read_text())  # every file is valid JSON, temp files included none
+    assert not list(corpus.glob(".*.tmp"))
+    # Resume with the same corpus: nothing lost, the same bug is not reported as new.
+    subprocess.run(cmd + ["--budget", "30s"], env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    after = {path.name: json.loads(path.read_text()) for path in corpus.glob("*.json")}
+    assert set(before) <= set(after)
+    for name, old in before.items():
+        assert after[name]["case"] == old["case"] and after[name]["first_seen"] == old["first_seen"]
+    n6 = [d for d in after.values() if d["attribution"] and d["attribution"]["label"] == "N6"]
+    assert len(n6) == len([d for d in before.values() if d["attribution"] and d["attribution"]["label"] == "N6"])
+
+
+def test_budget_parsing_accepts_units_and_rejects_garbage():
+    assert parse_budget("90s") == 90 and parse_budget("10m") == 600 and parse_budget("2h") == 7200
+    assert parse_budget("1h30m") == 5400 and parse_budget("45") == 45
+    import click
+
+    with pytest.raises(click.BadParameter, match="'soon'"):
+        parse_budget("soon")
