@@ -144,7 +144,9 @@ def law_cmd(case_file: Path, top: int, as_json: bool) -> None:
 @click.option("--alpha", default=1e-3, show_default=True, help="Level of each case's test.")
 @click.option("--max-samples", default=20_000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
-def catalogue_cmd(bugs: tuple[str, ...], alpha: float, max_samples: int, seed: int) -> None:
+@click.option("--store", "store_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Also write each class as a regression corpus entry into this folder.")
+def catalogue_cmd(bugs: tuple[str, ...], alpha: float, max_samples: int, seed: int, store_dir: Path | None) -> None:
     """Run the regression catalogue N1-N7 on the reference sampler: detect and attribute each."""
     from specfuzz.oracle.catalogue import catalogue
     from specfuzz.oracle.judge import CaseTest
@@ -168,9 +170,36 @@ def catalogue_cmd(bugs: tuple[str, ...], alpha: float, max_samples: int, seed: i
         label = j.attribution.label if j.attribution else "-"
         ok &= j.failed and label == bug
         opt = j.optimal_samples.get(bug, float("nan"))
+        if store_dir is not None:
+            _store_regression(store_dir, e, ct, j)
         t.add_row(bug, e.where_seen, str(ct.n), f"{opt:.1f}", j.verdict.status, label, str(BUG_CLASSES[bug][0]))
     console.print(t)
     sys.exit(0 if ok else 1)
+
+
+def _store_regression(store_dir: Path, entry, ct, judgement) -> None:
+    """A regression corpus entry: the catalogue case, replayed with its bug injected."""
+    from dataclasses import replace
+
+    from specfuzz.engines.reference_engine import ReferenceEngine
+    from specfuzz.fuzz.corpus import Corpus, Entry
+
+    case = entry.case.with_(spec=replace(entry.case.spec, inject=None))
+    e = Entry(
+        kind="regression",
+        engine=dict(ReferenceEngine(inject=entry.bug).version()),
+        case=case.to_json(),
+        counts=dict(ct.test.counts),
+        verdict=judgement.verdict.to_dict(),
+        attribution=None if judgement.attribution is None else judgement.attribution.to_dict(),
+        evidence=judgement.verdict.evidence,
+        extra={"bug": entry.bug, "where_seen": entry.where_seen, "published_effect": entry.published_effect,
+               "note": entry.note, "inject": entry.bug, "broken_condition": judgement.broken_condition},
+    )
+    path = Corpus(store_dir).root / f"regression-{entry.bug}.json"
+    from specfuzz.fuzz.corpus import atomic_write_json
+
+    atomic_write_json(path, e.to_json())
 
 
 def _engine_kwargs(engine: str, inject: str | None) -> dict:
@@ -246,6 +275,89 @@ def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpu
             sys.exit(1)
     finally:
         eng.close()
+
+
+ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm"}
+
+
+def engine_for_entry(entry) -> tuple[str, dict]:
+    """The engine spec and kwargs that re-run a stored entry (as it was found)."""
+    name = str(entry.engine.get("name", "reference"))
+    if entry.kind == "regression" or name.startswith("reference"):
+        inject = entry.extra.get("inject") or (name.split("+", 1)[1] if "+" in name else None)
+        return "reference", ({"inject": inject} if inject else {})
+    if name in ENGINE_NAMES:
+        return ENGINE_NAMES[name], {}
+    spec = entry.engine.get("engine_spec")
+    if spec:
+        return spec, {}
+    raise click.ClickException(f"entry engine {name!r}: cannot tell how to start it; pass --engine")
+
+
+@main.command("replay")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--engine", default=None, help="Engine to replay on (default: each entry's own; regression entries: the reference with their bug).")
+@click.option("--inject", default=None, help="With --engine reference: inject this class instead.")
+@click.option("--samples", default=2000, show_default=True)
+@click.option("--alpha", default=1e-3, show_default=True)
+@click.option("--seed", default=12345, show_default=True, help="Fresh samples: a seed the campaign did not use.")
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--check", is_flag=True, help="Exit 1 if any entry still fails (a gate for a fixed engine).")
+def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> None:
+    """Re-run stored corpus entries (files or folders) and report which still fail."""
+    from specfuzz.case import Case
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.corpus import Corpus, Entry
+    from specfuzz.fuzz.run import run_case
+
+    items: list[tuple[Path, Entry]] = []
+    for p in paths:
+        if p.is_dir():
+            for path, e in Corpus(p).entries():
+                if isinstance(e, Entry):
+                    items.append((path, e))
+                else:
+                    console.print(f"[yellow]skipped[/yellow] {path}: {e}")
+        else:
+            try:
+                items.append((p, Entry.from_json(json.loads(p.read_text()))))
+            except (ValueError, KeyError, json.JSONDecodeError) as exc:
+                console.print(f"[yellow]skipped[/yellow] {p}: {exc}")
+    t = Table(title="replay")
+    for col in ("entry", "engine", "stored", "now", "samples", "e-value", "attribution"):
+        t.add_column(col)
+    engines: dict[tuple, IsolatedEngine] = {}
+    still = 0
+    try:
+        for path, e in items:
+            spec, kw = (engine, _engine_kwargs(engine, inject)) if engine else engine_for_entry(e)
+            key = (spec, tuple(sorted(kw.items())))
+            if key not in engines:
+                engines[key] = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
+            eng = engines[key]
+            case = Case.from_json(e.case)
+            profile = eng.capabilities().profile
+            run = run_case(eng, case, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
+                           seed=seed, profile=profile, speculation=e.kind != "calibration")
+            label = spec + (f"+{kw['inject']}" if kw.get("inject") else "")
+            stored = f"{e.kind}/{e.label}"
+            if run.crash is not None:
+                now, ev, attr = f"crash ({run.crash.kind})", "-", "-"
+                still += 1
+            else:
+                j = run.judgement
+                now = "still fails" if j.failed else "passes"
+                still += int(j.failed)
+                ev = f"{j.verdict.e_value:.3g}"
+                attr = j.attribution.label if j.attribution else "-"
+            t.add_row(path.name, label, stored, now, str(run.n), ev, attr)
+    finally:
+        for eng in engines.values():
+            eng.close()
+    console.print(t)
+    console.print(f"{still} of {len(items)} entries still fail")
+    if check and still:
+        sys.exit(1)
 
 
 def run() -> None:

@@ -105,3 +105,18 @@ def test_budget_parsing_accepts_units_and_rejects_garbage():
 
     with pytest.raises(click.BadParameter, match="'soon'"):
         parse_budget("soon")
+
+
+@pytest.mark.slow
+def test_replay_reproduces_every_regression_entry_with_its_injection_and_none_on_the_correct_engine(tmp_path):
+    from click.testing import CliRunner
+
+    from specfuzz.cli import main
+
+    reg = ROOT / "corpus" / "regression"
+    assert sorted(p.name for p in reg.glob("*.json")) == [f"regression-N{i}.json" for i in range(1, 8)]
+    runner = CliRunner()
+    res = runner.invoke(main, ["replay", str(reg), "--work-dir", str(tmp_path), "--check"])
+    assert res.exit_code == 1 and "7 of 7 entries still fail" in res.output, res.output
+    res = runner.invoke(main, ["replay", str(reg), "--engine", "reference", "--work-dir", str(tmp_path), "--check"])
+    assert res.exit_code == 0 and "0 of 7 entries still fail" in res.output, res.output
