@@ -30,6 +30,18 @@ that list, ``allowed_token_ids`` become ``suppress_tokens`` (the complement),
 grammars and thinking budgets have no HF equivalent (``InvalidInput``).
 
 Engine settings (``EngineConfig.settings``): :data:`SETTINGS`.
+
+Known HF issues (findings in corpus/, strict xfails in tests/test_engine_hf.py)
+--------------------------------------------------------------------------------
+* Universal assisted generation with ``do_sample=True`` and an assistant that has tokens
+  the target lacks prunes the assistant's LM head in the order of
+  ``assistant_tokenizer.get_vocab()`` but writes the pruned logits back in ascending id
+  order: the verifier's q is a permutation of the q the draft was sampled from (SPEC §3
+  condition 3), so the output law is wrong whenever that dict is not sorted by id (the
+  tokenizers library returns a per-process hash order). ``assistant_vocab_order="sorted"``
+  avoids it; ``"reversed"`` reproduces it deterministically.
+* After such a sampled call the assistant stays pruned; a greedy call with the same
+  assistant crashes. ``uag_greedy_draft="separate"`` (default) avoids it.
 """
 
 from __future__ import annotations
@@ -513,12 +525,17 @@ class HFEngine(Engine):
         V = self._plan["vocab_size"]
         results: list[Completion | None] = [None] * len(requests)
         groups: OrderedDict[str, list[int]] = OrderedDict()
+        keys: dict[tuple, str] = {}  # (prompt, id(params)) -> group key: one check per distinct request
         for i, req in enumerate(requests):
-            prompt = tuple(int(t) for t in req.prompt)
-            if not prompt or any(not 0 <= t < V for t in prompt):
-                raise InvalidInput("prompt", req.prompt, f"a non-empty list of token ids in [0, {V})")
-            check_params(req.params, V)
-            groups.setdefault(_json_key(prompt, req.params), []).append(i)
+            fast = (tuple(req.prompt), id(req.params))
+            key = keys.get(fast)
+            if key is None:
+                prompt = tuple(int(t) for t in req.prompt)
+                if not prompt or any(not 0 <= t < V for t in prompt):
+                    raise InvalidInput("prompt", req.prompt, f"a non-empty list of token ids in [0, {V})")
+                check_params(req.params, V)
+                key = keys[fast] = _json_key(prompt, req.params)
+            groups.setdefault(key, []).append(i)
         one_at_a_time = self._config.speculation is not None  # HF: assisted generation needs batch size 1
         for idx in groups.values():
             req0 = requests[idx[0]]

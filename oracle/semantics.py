@@ -33,6 +33,14 @@ For an output prefix ``out`` of length ``t`` (``last`` = last token of prompt + 
     ascending, cumulative sum of the softmax, mask entries with ``cumsum <= 1 - top_p``
     except the largest); softmax of what is left.
 
+The ``"hf"`` profile (:class:`HFProfile`, HF transformers ``generate()``)
+-------------------------------------------------------------------------
+sequence bias (``logit_bias``) → repetition penalty → bad words (matched on prompt +
+output; one-token words in the stop set dropped) → min_new_tokens (stop set masked) →
+allowed tokens (``suppress_tokens``) → greedy argmax, or temperature → top-k → top-p →
+min-p → softmax. No frequency/presence penalties, constraints or thinking budgets. See
+:class:`HFProfile` for the details and the differences from vLLM.
+
 Masked means ``-inf``. Stopping (not part of the profile): after token ``v`` the output
 is complete if ``v`` is EOS (and not ``ignore_eos``) or in ``stop_token_ids``, or it has
 ``max_tokens`` tokens.
@@ -469,7 +477,147 @@ class VLLMProfile(Profile):
         return probs
 
 
-PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile}
+# --------------------------------------------------------------------------------------
+# HF transformers
+# --------------------------------------------------------------------------------------
+
+# SamplingParams fields HF transformers' generate() has no equivalent for (value when off).
+HF_UNSUPPORTED: dict[str, object] = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "thinking_budget": None,
+    "think_end_token_id": None,
+    "regex": None,
+    "choice": None,
+}
+
+
+def hf_unsupported(params: SamplingParams) -> list[str]:
+    """Names of the fields of ``params`` set to something HF transformers cannot express."""
+    return [name for name, off in HF_UNSUPPORTED.items() if getattr(params, name) != off]
+
+
+def hf_bad_words(spec: RequestSpec) -> tuple[tuple[np.ndarray, int], ...]:
+    """The bad words HF's ``NoBadWordsLogitsProcessor`` keeps: it drops every one-token
+    word that is one of its ``eos_token_id`` list, which the adapter fills with the stop
+    set (EOS unless ``ignore_eos``, plus ``stop_token_ids``)."""
+    return tuple((prefix, last) for prefix, last in spec.bad_words if len(prefix) or not spec.stop_mask[last])
+
+
+def mask_bad_words_with_prompt(
+    logits: np.ndarray, words: tuple[tuple[np.ndarray, int], ...], prompt: tuple[int, ...], outs: np.ndarray
+) -> np.ndarray:
+    """HF bad words: mask ``w[-1]`` where ``prompt + out`` (not the output alone) ends
+    with ``w[:-1]``; a prefix longer than ``prompt + out`` never matches. [N, V] -> [N, V]"""
+    out = logits.copy()  # [N, V]
+    N, t = outs.shape
+    ctx = np.concatenate([np.broadcast_to(np.asarray(prompt, dtype=np.int64), (N, len(prompt))), outs], axis=1)  # [N, P+t]
+    L = ctx.shape[1]
+    for prefix, last in words:
+        m1 = len(prefix)
+        if m1 == 0:
+            out[:, last] = NEG_INF
+        elif L >= m1:
+            hit = (ctx[:, L - m1 :] == prefix[None, :]).all(axis=1)  # [N]
+            out[hit, last] = NEG_INF
+    return out
+
+
+def hf_random_probs(logits: np.ndarray, params: SamplingParams, exact: bool = False) -> np.ndarray:
+    """HF's sampling warpers in ``_get_logits_processor`` order: temperature, top-k,
+    top-p, min-p, then the softmax of ``_sample``. [N, V] -> [N, V]
+
+    Top-k keeps ties at the k-th value (``scores < topk(scores, k)[0][..., -1]``); top-p
+    is the same rule as vLLM's (ascending sort, mask ``cumsum <= 1 - top_p``, keep the
+    largest); min-p masks ``softmax(x) < min_p * max softmax(x)`` on what top-k and top-p
+    left, i.e. ``exp(x - max x) < min_p`` over the kept entries.
+    """
+    x = logits / params.temperature if params.temperature != 1.0 else logits  # [N, V]
+    if params.top_k >= 1:
+        x = apply_top_k(x, params.top_k, exact=exact and params.temperature == 1.0)
+    if params.top_p < 1.0:
+        x = apply_top_p(x, params.top_p)
+    if params.min_p > 0.0:
+        x = apply_min_p(x, params.min_p)
+    return softmax(x)
+
+
+class HFProfile(Profile):
+    """HF transformers 5.x ``generate()`` as driven by specfuzz's HF adapter.
+
+    Order of operations (``GenerationMixin._get_logits_processor`` of transformers 5.19,
+    then ``_sample``), for an output prefix ``out`` of length ``t``; the adapter passes
+    ``eos_token_id = [EOS unless ignore_eos] + stop_token_ids`` ("the stop set"):
+
+    1. ``logits = L[last]`` (the engine computes in float32; here float64).
+    2. ``sequence_bias`` (``SequenceBiasLogitsProcessor``; the adapter maps
+       ``logit_bias`` to one-token sequences): added.
+    3. ``repetition_penalty`` (``RepetitionPenaltyLogitsProcessor``) on every token of
+       ``input_ids`` = prompt ∪ out: ``l * r`` if ``l < 0`` else ``l / r``.
+    4. ``bad_words_ids`` (``NoBadWordsLogitsProcessor``): for each word ``w`` mask
+       ``w[-1]`` if ``prompt + out`` ends with ``w[:-1]`` (the prefix may lie in the
+       prompt or straddle it); one-token words that are in the stop set are dropped by
+       HF (they never mask anything).
+    5. ``min_new_tokens`` (``MinNewTokensLengthLogitsProcessor``): while ``t <
+       min_tokens`` mask the stop set.
+    6. ``allowed_token_ids``: the adapter passes the other tokens as ``suppress_tokens``
+       (``SuppressTokensLogitsProcessor``): every other token masked.
+    7. Greedy (``temperature < 1e-5``; the adapter sets ``do_sample=False``): point mass
+       on the argmax (``torch.argmax``: lowest index among exact ties).
+    8. Sampling: temperature (only when ``!= 1``), top-k, top-p, **min-p last**, softmax.
+
+    Steps 2-6 commute (bias and penalty keep ``-inf`` at ``-inf``), so only step 8's
+    order and what the stateful steps see differ from vLLM's. Differences from the
+    ``"vllm"`` profile: bad words also match across the prompt, and drop one-token stop
+    words; min-p comes after top-k/top-p (vLLM: before); no frequency / presence
+    penalties, grammar constraints or thinking budgets (``InvalidInput`` naming the field).
+
+    Ambiguity rules are the vLLM profile's (same helper functions). Stale processors
+    (:data:`HF_PROCESSORS`) are supported for the law of a buggy engine.
+    """
+
+    name = "hf"
+    # Every processor name is accepted for ``stale`` (so bug laws of every class can be
+    # computed); "thinking" and "constraint" are inert: HF has neither option.
+    processors: tuple[str, ...] = PROCESSORS
+
+    def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        bad = hf_unsupported(spec.params)
+        if bad:
+            name = bad[0]
+            raise InvalidInput(name, getattr(spec.params, name), f"{HF_UNSUPPORTED[name]!r} (off) under profile 'hf': HF transformers has no {name}")
+        try:
+            return self._probs(spec, outs, views)
+        except RowAmbiguity as exc:
+            prefix = tuple(int(v) for v in outs[exc.row])
+            raise AmbiguousSemantics(f"{exc.message} (profile {self.name}, output prefix {prefix})") from None
+
+    def _probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        p = spec.params
+        N, t = outs.shape
+        last = outs[:, -1] if t else np.full(N, spec.prompt[-1], dtype=np.int64)  # [N]
+        logits = spec.table[last]  # [N, V] (a copy)
+        if spec.bias is not None:
+            logits = add_bias(logits, spec.bias)
+        if p.repetition_penalty != 1.0:
+            pen = views["penalties"]
+            logits = apply_penalties(logits, spec.prompt_seen, pen.counts, p.repetition_penalty, 0.0, 0.0)
+        words = hf_bad_words(spec)
+        if words:
+            logits = mask_bad_words_with_prompt(logits, words, spec.prompt, views["bad_words"].outs)
+        if p.min_tokens:
+            logits = mask_min_tokens(logits, spec.min_tokens_mask, views["min_tokens"].length, p.min_tokens)
+        if spec.allowed_mask is not None:
+            logits = mask_allowed(logits, spec.allowed_mask)
+        _check(~np.isfinite(logits).any(axis=1), lambda r: "every token is masked (allowed_token_ids / bad_words / min_tokens)")
+        exact = spec.bias is None and p.repetition_penalty == 1.0
+        return greedy_probs(logits, exact) if p.greedy else hf_random_probs(logits, p, exact)
+
+
+# The stateful processors HF transformers has (the others are inert under "hf").
+HF_PROCESSORS: tuple[str, ...] = ("min_tokens", "penalties", "bad_words")
+
+PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile}
 
 
 def get_profile(profile: "str | Profile") -> Profile:
