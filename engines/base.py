@@ -58,6 +58,9 @@ class Capabilities:
     profile: str = "vllm"  # semantics profile of its non-speculative sampler
     max_vocab: int | None = None
     draft_vocab: str = "equal"  # "equal", "narrower", "any": which draft widths it accepts
+    # Speculation knobs the engine accepts, by SpecConfig field: e.g. {"verify": ("token",),
+    # "draft_sampling": ("sampled",), "ngram_min": (1,)}. A field not named is unrestricted.
+    spec_knobs: Mapping[str, tuple] = field(default_factory=dict)
 
 
 class Engine(abc.ABC):

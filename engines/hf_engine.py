@@ -264,7 +264,9 @@ class HFEngine(Engine):
         from specfuzz.tablegen.vocab import MAX_VOCAB
 
         return Capabilities(methods=METHODS, sampling=SAMPLING, dtypes=DTYPES, profile="hf",
-                            max_vocab=MAX_VOCAB, draft_vocab="any")
+                            max_vocab=MAX_VOCAB, draft_vocab="any",
+                            spec_knobs={"verify": ("token",), "draft_sampling": ("sampled",), "ngram_min": (1,),
+                                        "draft_temperature": (None,)})
 
     def version(self) -> Mapping[str, str]:
         import torch

@@ -167,7 +167,7 @@ class Campaign:
         return case_families(
             max_patterns=self.cfg.max_patterns, max_vocab=self.cfg.max_vocab, max_tokens=self.cfg.max_tokens,
             max_k=self.cfg.max_k, methods=methods or None, sampling=caps.sampling, draft_vocab=caps.draft_vocab,
-            speculation=speculation,
+            speculation=speculation, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
         )
 
     def _search(self, strategy, search_seed: int) -> tuple[list[Case], CaseRun, CaseRun] | None:

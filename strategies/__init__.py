@@ -91,19 +91,26 @@ def sampling_params(draw, V: int, max_tokens: int, eos: int | None, allowed: fro
     return SamplingParams(**kw)
 
 
-def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k: int = 3, inject: str | None = None):
-    """Speculation settings for the reference engine."""
+def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k: int = 3, inject: str | None = None,
+                 knobs: dict | None = None):
+    """Speculation settings; ``knobs`` restricts fields to the values an engine accepts."""
+    knobs = dict(knobs or {})
+
+    def pick(draw, name: str, values: list):
+        allowed = knobs.get(name)
+        vals = [v for v in values if allowed is None or v in allowed]
+        return draw(st.sampled_from(vals or list(allowed)))
 
     @st.composite
     def _spec(draw) -> SpecConfig:
         method = draw(st.sampled_from(methods))
         kw: dict = {"method": method, "num_speculative_tokens": draw(st.integers(1, max_k)), "inject": inject}
         if method in ("draft_model", "ngram"):
-            kw["verify"] = draw(st.sampled_from(["token", "block"]))
+            kw["verify"] = pick(draw, "verify", ["token", "block"])
         if method in ("draft_model", "eagle_tree"):
-            kw["draft_sampling"] = draw(st.sampled_from(["sampled", "greedy"]))
+            kw["draft_sampling"] = pick(draw, "draft_sampling", ["sampled", "greedy"])
         if method in ("ngram", "ngram_tree"):
-            lo = draw(st.integers(1, 2))
+            lo = pick(draw, "ngram_min", [1, 2])
             kw["ngram_min"], kw["ngram_max"] = lo, draw(st.integers(lo, 3))
         if method in ("eagle_tree", "ngram_tree"):
             kw["tree_topk"] = draw(st.integers(1, 3))
@@ -142,6 +149,7 @@ def cases(
     sampling: frozenset[str] = ALL_SAMPLING,
     draft_vocab: str = "any",
     speculation: bool = True,
+    spec_knobs: dict | None = None,
 ) -> Case:
     """A whole case: target table, prompt, request, speculation and (if needed) a draft."""
     V = draw(st.integers(2, max_vocab))
@@ -152,7 +160,7 @@ def cases(
     params = draw(sampling_params(V, mt, eos, sampling))
     if not speculation:
         return Case(target, prompt, params, eos_token_id=eos)
-    spec = draw(spec_configs(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k, inject))
+    spec = draw(spec_configs(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k, inject, spec_knobs))
     draft = None
     if spec.uses_draft_model:
         draft = draw(draft_tables(target, _draft_width(draw, V, spec, draft_vocab)))
