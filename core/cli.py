@@ -360,6 +360,16 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> 
         sys.exit(1)
 
 
+def _register_optional_commands() -> None:
+    from specfuzz.fuzz.triage_cli import draft_cmd, triage_cmd
+
+    main.add_command(triage_cmd, "triage")
+    main.add_command(draft_cmd, "draft")
+
+
+_register_optional_commands()
+
+
 def run() -> None:
     try:
         main(standalone_mode=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,12 @@ from specfuzz.strategies import case_families
 STATE_SCHEMA_VERSION = 1
 # Re-confirmation runs at this fraction of the case's α, with fresh samples.
 CONFIRM_FACTOR = 0.1
+# Examples per Hypothesis search; the campaign runs searches with new seeds until its
+# budget is spent. Bounded so that Hypothesis's own phases (targeting) end too.
+EXAMPLES_PER_SEARCH = 300
+# The budget is enforced inside examples; a SIGALRM this long after the deadline stops
+# the campaign even inside Hypothesis's internals or a slow engine call.
+WATCHDOG_GRACE_S = 10.0
 
 
 class BudgetExhausted(BaseException):
@@ -184,7 +192,7 @@ class Campaign:
         @hyp_seed(search_seed)
         @settings(
             database=DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis")),
-            max_examples=10**9, deadline=None, derandomize=False, print_blob=False,
+            max_examples=EXAMPLES_PER_SEARCH, deadline=None, derandomize=False, print_blob=False,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
         )
@@ -272,7 +280,23 @@ class Campaign:
             self.stats.stored.append(path.name)
         self.on_event(f"stored {entry.kind} {path.name} ({entry.label})", self.stats)
 
+    def _arm_watchdog(self) -> bool:
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+            return False
+
+        def fire(signum, frame):  # noqa: ARG001
+            raise BudgetExhausted
+
+        self._old_handler = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
+        return True
+
+    def _disarm_watchdog(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self._old_handler)
+
     def run(self) -> CampaignStats:
+        armed = self._arm_watchdog()
         try:
             strategy = self._strategy()
             while self._left() > 0:
@@ -282,9 +306,16 @@ class Campaign:
                 found = self._search(strategy, self.cfg.seed * 100_000 + self.search_index)
                 if found is not None:
                     _, run, conf = found
-                    if self._left() > -60:  # calibration may overrun the budget a little
-                        self._store_failure(run, conf)
+                    if armed:  # calibrating and storing may overrun the budget a little
+                        signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + 120)
+                    self._store_failure(run, conf)
+                    if armed:
+                        signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
+        except BudgetExhausted:
+            pass
         finally:
+            if armed:
+                self._disarm_watchdog()
             self.engine.close()
             if self._spec_off_engine is not None:
                 self._spec_off_engine.close()

@@ -35,6 +35,7 @@ class CaseRun:
     crash: EngineCrash | None = None
     accepted: int = 0
     proposed: int = 0
+    dtype: str = "float32"
 
     @property
     def failed(self) -> bool:
@@ -88,7 +89,7 @@ def run_family(
     tests = list(tests) if tests is not None else [
         CaseTest(c, alpha=a, tolerance=tolerance, profile=profile, with_bug_laws=speculation) for c, a in zip(cases, alphas)
     ]
-    runs = [CaseRun(c, None) for c in cases]
+    runs = [CaseRun(c, None, dtype=dtype) for c in cases]
     unseeded = list(unseeded or [False] * len(cases))
     thresholds = [math.log(1 / a) for a in alphas]
     cfg = engine_config(cases[0], ckpt_root, dtype=dtype, speculation=speculation, settings=settings)
@@ -157,6 +158,7 @@ def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | Non
         calibration=None if calibration is None or calibration.judgement is None else calibration.judgement.verdict.to_dict(),
         evidence=j.verdict.evidence,
         extra={"broken_condition": j.broken_condition, "optimal_samples": j.to_json()["optimal_samples"],
+               "dtype": run.dtype,
                "acceptance": {"proposed": run.proposed, "accepted": run.accepted}},
     )
 

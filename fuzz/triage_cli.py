@@ -1,0 +1,161 @@
+"""The ``specfuzz triage`` and ``specfuzz draft`` commands (console and JSON output).
+
+The computing is in :mod:`specfuzz.fuzz.triage` and :mod:`specfuzz.fuzz.draft`; this
+module parses options and renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# Console width when the output is not a terminal (and COLUMNS is not set).
+PIPE_WIDTH = 240
+STATUS_STYLES = {"new": "bold yellow", "confirmed": "bold red", "flaky": "magenta", "fixed": "green"}
+
+
+def _when(iso: str) -> str:
+    return iso.replace("T", " ")[:16] if iso else "-"
+
+
+def _worst(eff) -> str:
+    w = eff.worst_token
+    if not w:
+        return "-"
+    ctx = "(" + ",".join(str(t) for t in w.get("context", [])) + ")"
+    return f"{ctx}→{w.get('token')}: {float(w.get('observed', 0)):.3f} vs {float(w.get('expected', 0)):.3f}"
+
+
+def render_triage(report, console: Console) -> None:
+    """The triage report as a rich table, one section per signature, then skipped files."""
+    from specfuzz.fuzz.triage import format_e_value
+
+    t = Table(title=f"triage: {len(report.reports)} entries in {len(report.groups)} signature groups "
+                    f"({report.root})", show_lines=False)
+    nw = {"no_wrap": True}
+    for col, kw in (("signature", nw), ("entry", nw), ("engine", nw), ("kind", {}), ("method", nw),
+                    ("condition broken", {"overflow": "fold", "min_width": 22}), ("class", {}), ("TV", {"justify": "right"}),
+                    ("worst token obs vs μ", {}), ("e-value", {"justify": "right", "no_wrap": True}), ("status", {}),
+                    ("first seen", nw), ("last seen", nw), ("seen", {"justify": "right"})):
+        t.add_column(col, **kw)
+    if report.reran:
+        t.add_column("re-run")
+    for gi, g in enumerate(report.groups):
+        if gi:
+            t.add_section()
+        for i, r in enumerate(g.reports):
+            e = r.entry
+            sig = (g.signature + (f"\n×{len(g.reports)} files" if len(g.reports) > 1 else "")) if i == 0 else ""
+            tv = "-" if r.effect.tv is None else f"{r.effect.tv:.3f}"
+            ev = format_e_value(r.log_e) if e.verdict else ("crash" if e.kind == "crash" else "-")
+            row = [sig, r.rel, _engine_cell(e), e.kind, _method_cell(e.case), r.condition.label(), r.cls or "-",
+                   tv, _worst(r.effect), ev, Text(e.status, style=STATUS_STYLES.get(e.status, "")),
+                   _when(e.first_seen), _when(e.last_seen), str(e.times_seen)]
+            if report.reran:
+                rr = r.rerun or {}
+                runs = ", ".join(x["outcome"] for x in rr.get("runs", []))
+                row.append(f"{runs} → {rr.get('status_after', '-')}" if rr else "-")
+            t.add_row(*row)
+    console.print(t)
+    for s in report.skipped:
+        console.print(f"[yellow]skipped[/yellow] {s.path}: {s.reason}", highlight=False, soft_wrap=True)
+    conds = [r for r in report.reports if r.condition.source == "heuristic"]
+    if conds:
+        console.print("[dim]conditions marked (heuristic) are guesses from the case and the counts, "
+                      "not an attribution to a catalogued class[/dim]")
+
+
+def _console() -> Console:
+    """The console; when output is not a terminal (a pipe, a file), wide enough for the table."""
+    c = Console()
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c = Console(width=PIPE_WIDTH)
+    return c
+
+
+def _engine_cell(e) -> str:
+    v = e.engine.get("version")
+    return f"{e.engine.get('name', '?')} {v}" if v else str(e.engine.get("name", "?"))
+
+
+def _method_cell(case: dict) -> str:
+    from specfuzz.fuzz.triage import method_label
+
+    return method_label(case)
+
+
+@click.command("triage")
+@click.argument("corpus_dir", default="corpus", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--rerun", is_flag=True, help="Re-confirm every entry on the installed engine and update its status in place.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema: docs/triage-schema.json).")
+@click.option("--samples", default=2000, show_default=True, help="--rerun: samples per re-run (fewer if it fails earlier).")
+@click.option("--alpha", default=1e-3, show_default=True, help="--rerun: level of each re-run's test.")
+@click.option("--seed", default=12345, show_default=True, help="--rerun: first request seed (fresh: not the campaign's).")
+@click.option("--engine", default=None, help="--rerun: run every entry on this engine instead of its own.")
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha: float, seed: int,
+               engine: str | None, work_dir: Path) -> None:
+    """Group corpus entries by signature: engine, broken condition, effect size, evidence, status.
+
+    Files in the folder that are not corpus entries (invalid JSON, another schema) are
+    listed as skipped and left untouched.
+    """
+    from specfuzz.fuzz.triage import Rerunner, rerun_corpus, triage
+
+    err = Console(stderr=True)
+    if not corpus_dir.is_dir():
+        if as_json:
+            err.print(f"[yellow]no corpus folder at {corpus_dir}[/yellow]")
+        else:
+            Console().print(f"[yellow]no corpus folder at {corpus_dir}[/yellow]")
+    report = triage(corpus_dir)
+    if rerun and report.reports:
+        with Rerunner(samples=samples, alpha=alpha, seed=seed, work_dir=work_dir, engine=engine,
+                      log=lambda s: err.print(s, highlight=False)) as rr:
+            rerun_corpus(report, rr)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False, allow_nan=False))
+        return
+    render_triage(report, _console())
+
+
+@click.command("draft")
+@click.argument("entry", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Output folder (default: drafts/<entry file stem>/).")
+@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Where to look ENTRY up when it is a signature or file stem rather than a path.")
+@click.option("--samples", default=None, type=int, help="Samples the repro script draws by default (default: chosen per entry).")
+@click.option("--top", default=12, show_default=True, help="Rows of the expected-vs-observed table.")
+def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int | None, top: int) -> None:
+    """Draft an upstream issue for a corpus entry: ISSUE.md, plot.png and a standalone repro.py."""
+    from specfuzz.fuzz.draft import DraftError, draft_entry, resolve_entry
+
+    try:
+        path = resolve_entry(entry, corpus_dir)
+        out = out_dir if out_dir is not None else Path("drafts") / path.stem
+        result = draft_entry(path, out, samples=samples, top=top)
+    except DraftError as exc:
+        raise click.ClickException(str(exc)) from None
+    console = Console()
+    console.print(f"[bold]{result.title}[/bold]", highlight=False)
+    for p in result.files:
+        console.print(f"  wrote {p}", highlight=False)
+    console.print(f"run the repro: [cyan]python {result.files[-1]}[/cyan]" + (f" ({result.repro_hint})" if result.repro_hint else ""),
+                  highlight=False)
+
+
+def main() -> None:  # pragma: no cover - for `python -m specfuzz.fuzz.triage_cli`
+    group = click.Group(commands={"triage": triage_cmd, "draft": draft_cmd})
+    group(standalone_mode=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

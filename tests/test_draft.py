@@ -1,0 +1,300 @@
+"""`specfuzz draft`: ISSUE.md, plot.png and a standalone repro.py per corpus entry.
+
+The repro scripts of the N1-N7 regression entries are run in a clean virtual
+environment holding only numpy, safetensors and specfuzz (installed with --no-deps, so
+no scipy, hypothesis, torch, ...): they must print FAIL with the injected sampler and
+PASS with the correct one. The venv is created once per test session (about 25 s with
+pip's cache); where it cannot be created (no package index) the scripts run with the
+project's interpreter in isolated mode (``python -I``), which proves less (the project
+venv has every dependency), and the fixture says so in the test report.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specfuzz.case import Case
+from specfuzz.fuzz.draft import Scrubber, draft_entry, evidence_sentence, prepare, resolve_entry
+from specfuzz.fuzz.corpus import Entry
+from specfuzz.fuzz.triage_cli import draft_cmd
+from specfuzz.oracle.judge import bug_laws, target_law_dict
+from specfuzz.oracle.speculative import BUG_CLASSES
+
+ROOT = Path(__file__).resolve().parents[1]
+REGRESSION = ROOT / "corpus" / "regression"
+BUGS = sorted(BUG_CLASSES)
+PACKAGE_DIRS = ("core", "oracle", "tablegen", "strategies", "fuzz", "engines")
+FAKE_HOST = "gpu-node-42.corp.example.com"
+FAKE_USER = "alice"
+FAKE_PATH = "/home/alice/x"
+
+
+def _regression(bug: str) -> dict:
+    return json.loads((REGRESSION / f"regression-{bug}.json").read_text())
+
+
+# ----------------------------------------------------------------------------- the clean venv
+
+
+@pytest.fixture(scope="session")
+def repro_python(tmp_path_factory) -> list[str]:
+    """A Python that has numpy, safetensors and specfuzz (no dependencies) and nothing else."""
+    base = tmp_path_factory.mktemp("repro-venv")
+    venv = base / "venv"
+    py = venv / "bin" / "python"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=120)
+        pins = [f"{name}=={importlib.metadata.version(name)}" for name in ("numpy", "safetensors")]
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run(pip + pins, check=True, capture_output=True, timeout=300)
+        src = base / "specfuzz-src"  # a copy: pip builds there, never in the working tree
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(ROOT / name, src / name)
+        for d in PACKAGE_DIRS:
+            shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__"))
+        # the wheel is built by this (project) interpreter, which has setuptools and wheel
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
+                        "-w", str(base / "dist")], check=True, capture_output=True, timeout=300)
+        subprocess.run(pip + ["--no-deps", *map(str, (base / "dist").glob("specfuzz-*.whl"))], check=True,
+                       capture_output=True, timeout=300)
+        probe = subprocess.run([str(py), "-I", "-c", "import specfuzz.oracle.speculative, safetensors, numpy\n"
+                                "import importlib.util as u; print(u.find_spec('scipy') is None and u.find_spec('torch') is None)"],
+                               capture_output=True, text=True, timeout=60)
+        assert probe.stdout.strip() == "True", probe.stdout + probe.stderr
+        return [str(py), "-I"]
+    except (subprocess.SubprocessError, OSError, AssertionError) as exc:
+        warnings.warn(f"clean venv not available ({exc}); running repro scripts with the project interpreter (python -I)")
+        return [sys.executable, "-I"]
+
+
+def _run(python: list[str], script: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*python, str(script), *args], capture_output=True, text=True, timeout=timeout, cwd=script.parent)
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+# ----------------------------------------------------------------------------- N1-N7
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("drafts")
+    return {bug: draft_entry(REGRESSION / f"regression-{bug}.json", out / bug).out_dir for bug in BUGS}
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_draft_writes_an_issue_a_plot_and_a_repro(drafts, bug):
+    d = drafts[bug]
+    assert sorted(p.name for p in d.iterdir()) == ["ISSUE.md", "plot.png", "repro.py"]
+    issue = (d / "ISSUE.md").read_text()
+    cond = BUG_CLASSES[bug][0]
+    for section in ("## What goes wrong", "## Environment", "## Request", "## Speculation settings", "## The model",
+                    "## Expected vs observed", "## Evidence", "## Suspected cause", "## Reproduce"):
+        assert section in issue, section
+    assert issue.startswith("# specfuzz reference sampler 0.1.0 (bug " + bug + " injected)")
+    assert "](plot.png)" in issue
+    assert f"Condition {cond} of lossless speculation" in issue
+    assert f"μD ({bug})" in issue
+    assert "python repro.py --correct" in issue
+    png = (d / "plot.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    src = (d / "repro.py").read_text()
+    compile(src, "repro.py", "exec")
+    # the expected law is data: the script never asks the oracle for it
+    for oracle_call in (".enumerate(", "target_law_dict", "bug_laws", "specfuzz.oracle.judge", "specfuzz.oracle.stats"):
+        assert oracle_call not in src
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BUGS)
+def test_repro_fails_with_the_injected_sampler_and_passes_with_the_correct_one(drafts, repro_python, bug):
+    script = drafts[bug] / "repro.py"
+    injected = _run(repro_python, script)
+    assert _last_line(injected) == "FAIL" and injected.returncode == 1, injected.stdout + injected.stderr
+    assert f"bug {bug} injected" in injected.stdout
+    correct = _run(repro_python, script, "--correct")
+    assert _last_line(correct) == "PASS" and correct.returncode == 0, correct.stdout + correct.stderr
+    assert "correct (no injected bug)" in correct.stdout and "samples: 20000" in correct.stdout
+
+
+def test_expected_vs_observed_table_holds_counts_mu_and_mud(drafts):
+    issue = (drafts["N1"] / "ISSUE.md").read_text()
+    e = Entry.from_json(_regression("N1"))
+    case = Case.from_json(e.case)
+    mu = target_law_dict(case)
+    mud = bug_laws(case, mu, classes=["N1"])["N1"]
+    n = sum(e.counts.values())
+    x = (1, 1, 1)
+    row = f"| `{x}` | {e.counts[x]} | {e.counts[x] / n:.4f} | {mu[x]:.4f} | {mud[x]:.4f} |"
+    assert row in issue
+    assert mu[x] == 0.125 and mud[x] != mu[x]
+
+
+def test_evidence_is_one_checkable_sentence():
+    n6 = prepare(Entry.from_json(_regression("N6")), "regression-N6")
+    assert evidence_sentence(n6) == "Under the exact law μ, output (-1,) has probability 0; it was observed 1 time in 5 samples."
+    n1 = prepare(Entry.from_json(_regression("N1")), "regression-N1")
+    s = evidence_sentence(n1)
+    assert s.startswith("The anytime-valid e-value is 1.6e3 after 55 samples, i.e. a false-alarm probability below 6.1e-4")
+    assert "3.3e3 times more likely under the law of N1 than under μ" in s
+
+
+def _load_module(path: Path):
+    spec = importlib.util.spec_from_file_location(f"repro_{path.parent.name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # the __main__ guard keeps it from running
+    return mod
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_repro_rebuilds_the_checkpoints_tablegen_writes(tmp_path, dtype):
+    """The inline writer of repro.py = tablegen: same config, tokenizer files and tensors (bit for bit)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specfuzz.engines.checkpoints import materialize
+
+    d = _regression("N7")  # a narrower draft: padded with masked columns
+    d["case"]["target_table"][1][2] = 0.1  # not representable in bf16/fp16: the draft rounds like tablegen
+    d["case"]["draft_table"][0][1] = "-inf"
+    d["extra"]["dtype"] = dtype
+    path = tmp_path / "entry.json"
+    path.write_text(json.dumps(d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        draft_entry(path, tmp_path / "draft")
+        mine = _load_module(tmp_path / "draft" / "repro.py").Checkpoints(str(tmp_path / "mine"))
+        ref = materialize(Case.from_json(d["case"]), tmp_path / "tablegen", dtype)
+    for a, b in ((mine.target, ref.target_dir), (mine.draft, ref.draft_dir)):
+        for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            assert json.loads((Path(a) / name).read_text()) == json.loads((Path(b) / name).read_text()), name
+        ta, tb = load_file(str(Path(a) / "model.safetensors")), load_file(str(Path(b) / "model.safetensors"))
+        assert sorted(ta) == sorted(tb)
+        for k in ta:
+            assert ta[k].dtype == tb[k].dtype == getattr(torch, dtype) and torch.equal(ta[k], tb[k]), k
+
+
+def _engine_entry(tmp_path: Path, engine: dict, bug: str = "N7", **extra) -> Path:
+    d = copy.deepcopy(_regression(bug))
+    d.update(kind="finding", engine=engine)
+    d["extra"] = dict(extra)
+    p = tmp_path / f"finding-{engine['name']}.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+@pytest.mark.parametrize("engine, marker", [
+    ({"name": "vllm", "version": "0.32.0", "torch": "2.13.0+cpu", "device": "cpu"}, "LLM(**kwargs)"),
+    ({"name": "hf-transformers", "version": "5.19.0", "torch": "2.13.0+cpu", "device": "cpu"}, "model.generate("),
+    ({"name": "my-engine", "version": "1.0", "engine_spec": "pkg.mod:Engine"}, "load_engine_class"),
+])
+def test_each_engine_gets_its_own_repro_template(tmp_path, engine, marker):
+    r = draft_entry(_engine_entry(tmp_path, engine), tmp_path / "out")
+    src = (r.out_dir / "repro.py").read_text()
+    compile(src, "repro.py", "exec")
+    assert marker in src and 'if __name__ == "__main__":' in src
+    assert "from specfuzz" not in src or engine["name"] == "my-engine"
+    issue = (r.out_dir / "ISSUE.md").read_text()
+    assert "| torch | 2.13.0+cpu |" in issue or "torch" not in engine
+    assert "--correct" not in issue  # only the reference sampler has an injected bug to switch off
+
+
+def test_vllm_repro_maps_settings_like_the_adapter(tmp_path):
+    mod = _load_module(draft_entry(_engine_entry(tmp_path, {"name": "vllm", "version": "0.32.0"}), tmp_path / "o").out_dir / "repro.py")
+    assert mod.SPECULATION["method"] == "draft_model" and mod.SPECULATION["num_speculative_tokens"] == 2
+    assert mod.MAX_MODEL_LEN == 64 and mod.DRAFT_WIDTH == 2 and len(mod.DRAFT_TABLE) == 4  # padded square draft
+    assert mod.DRAFT_TABLE[0][2] == -32768.0
+
+
+@pytest.mark.slow
+def test_hf_repro_runs_transformers_and_passes_on_a_correct_configuration(tmp_path):
+    """A real engine: HF assisted generation with an equal-width draft samples μ exactly."""
+    d = copy.deepcopy(_regression("N2"))  # min_tokens and EOS: processors on
+    d["case"]["spec"]["num_speculative_tokens"] = 2
+    d.update(kind="finding", engine={"name": "hf-transformers", "version": "5.19.0"})
+    d["attribution"]["label"] = "unknown"
+    p = tmp_path / "finding-hf.json"
+    p.write_text(json.dumps(d))
+    r = draft_entry(p, tmp_path / "out")
+    proc = _run([sys.executable], r.out_dir / "repro.py", "--samples", "300", timeout=300)
+    assert _last_line(proc) == "PASS", proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "engine: transformers" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- scrubbing
+
+
+def _identified_entry(tmp_path: Path, base: dict, name: str) -> Path:
+    d = copy.deepcopy(base)
+    d["engine"].update(hostname=FAKE_HOST, user=FAKE_USER, cwd=FAKE_PATH, device=f"cpu (probed from {FAKE_PATH}/dev)")
+    d["log"] = (f"Traceback (most recent call last):\n  File \"{FAKE_PATH}/venv/lib/python3.11/site-packages/torch/nn/x.py\","
+                f" line 3\nRuntimeError: boom on host {FAKE_HOST} (user {FAKE_USER}, 10.1.2.3)\n")
+    d["evidence"] = d.get("evidence") or f"engine raise: RuntimeError in {FAKE_PATH}/run.py"
+    d["extra"] = {**d.get("extra", {}), "note": f"ran in {FAKE_PATH} by {FAKE_USER}@{FAKE_HOST}",
+                  "engine_settings": {"download_dir": f"{FAKE_PATH}/models", "seed_mode": "batch"}}
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+@pytest.mark.parametrize("kind", ["finding", "crash"])
+def test_drafts_never_name_the_machine_that_ran_the_campaign(tmp_path, kind):
+    base = _regression("N6")
+    if kind == "crash":
+        base = {**base, "kind": "crash", "counts": [], "verdict": None, "attribution": None,
+                "evidence": f"engine raise: RuntimeError at {FAKE_PATH}/a.py", "extra": {"crash_kind": "raise"}}
+    path = _identified_entry(tmp_path, base, f"{kind}-identified.json")
+    r = draft_entry(path, tmp_path / "draft")
+    texts = {p.name: p.read_text() for p in r.out_dir.iterdir() if p.suffix in (".md", ".py")}
+    assert set(texts) == {"ISSUE.md", "repro.py"}
+    for name, text in texts.items():
+        for secret in (FAKE_PATH, "/home/", FAKE_USER, FAKE_HOST, "gpu-node-42", "corp.example.com", "10.1.2.3"):
+            assert secret not in text, (name, secret)
+    issue = texts["ISSUE.md"]
+    if kind == "crash":
+        assert "site-packages/torch/nn/x.py" in issue and "RuntimeError: boom on host [redacted] (user [redacted], [ip])" in issue
+    assert "| device | cpu (probed from [path]) |" in issue
+
+
+def test_scrubber_keeps_what_maintainers_need():
+    s = Scrubber({FAKE_USER, FAKE_HOST, "root"})
+    assert s.text(f"{FAKE_PATH}/lib/python3.11/site-packages/vllm/v1/sample.py:12") == "python3.11/site-packages/vllm/v1/sample.py:12"
+    assert s.text("see https://github.com/vllm-project/vllm/issues/55005") == "see https://github.com/vllm-project/vllm/issues/55005"
+    assert s.text("p = 1/2, (p - q)+, tokens 0/1") == "p = 1/2, (p - q)+, tokens 0/1"
+    assert s.text(f"hostname={FAKE_HOST} user {FAKE_USER}") == "hostname=[host] user [redacted]"
+    assert s.text("root cause: the root of it") == "root cause: the root of it"  # generic user names are words
+    assert s.value({"hostname": "x", "device": f"cpu {FAKE_PATH}"}) == {"device": "cpu [path]"}
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_draft_command_writes_to_drafts_stem_by_default_and_finds_entries_by_name(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    (corpus / "regression").mkdir(parents=True)
+    shutil.copy(REGRESSION / "regression-N5.json", corpus / "regression" / "regression-N5.json")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(draft_cmd, ["corpus/regression/regression-N5.json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "drafts" / "regression-N5").iterdir()) == ["ISSUE.md", "plot.png", "repro.py"]
+    result = CliRunner().invoke(draft_cmd, ["N5", "--out", "elsewhere", "--samples", "777"])
+    assert result.exit_code == 0, result.output
+    assert "DEFAULT_SAMPLES = 777" in (tmp_path / "elsewhere" / "repro.py").read_text()
+    assert resolve_entry("regression-N5", corpus).name == "regression-N5.json"
+    bad = CliRunner().invoke(draft_cmd, ["no-such-entry"])
+    assert bad.exit_code == 1 and "no such entry file" in bad.output
