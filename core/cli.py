@@ -48,6 +48,20 @@ def parse_budget(text: str) -> float:
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
+def parse_settings(items: tuple[str, ...]) -> dict:
+    """('enforce_eager=false', 'attention_config={"backend": "TRITON_ATTN"}') -> dict."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: KEY=VALUE", param_hint="--engine-setting")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 @main.command("fuzz")
 @click.option("--budget", default="60s", show_default=True, help="Time budget: 90s, 10m, 2h, 1h30m.")
 @click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, or package.module:Class.")
@@ -64,9 +78,12 @@ def parse_budget(text: str) -> float:
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--quiet", is_flag=True, help="No live display; print the summary only.")
+@click.option("--engine-setting", "engine_settings", multiple=True, metavar="KEY=VALUE",
+              help="An engine knob passed to the engine's start (value parsed as JSON when it can be), e.g. enforce_eager=false.")
+@click.option("--batch", default=600, show_default=True, help="Requests per engine call (all patterns of a family mixed).")
 @click.option("--worker-index", default=0, hidden=True)
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
@@ -95,12 +112,15 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             cmd += ["--inject", inject] if inject else []
             for m in methods:
                 cmd += ["--method", m]
+            for kv in engine_settings:
+                cmd += ["--engine-setting", kv]
+            cmd += ["--batch", str(batch)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         alpha = alpha / workers
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=_engine_kwargs(engine, inject), budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
-        dtype=dtype, work_dir=work_dir, worker=worker_index,
+        dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
     )
     display = None if quiet else LiveDisplay(cfg, console)
     campaign = Campaign(cfg, on_event=None if display is None else display.update)

