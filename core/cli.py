@@ -297,6 +297,92 @@ def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpu
         eng.close()
 
 
+def calibration_suite(vocab: int = 6, seed: int = 7):
+    """Standard speculation-off settings on one table model (one engine start serves all)."""
+    from specfuzz.case import Case
+    from specfuzz.oracle.params import SamplingParams as SP
+
+    rng = np.random.default_rng(seed)
+    table = rng.integers(-8, 9, size=(vocab, vocab)) / 4.0  # [V, V], multiples of 1/4: exact in every dtype
+    eos = vocab - 1
+    settings = {
+        "plain": SP(max_tokens=3),
+        "temperature 0.5": SP(temperature=0.5, max_tokens=3),
+        "greedy": SP(temperature=0.0, max_tokens=3),
+        "top_k 2": SP(top_k=2, max_tokens=3),
+        "top_p 0.7": SP(top_p=0.7, max_tokens=3),
+        "min_p 0.2": SP(min_p=0.2, max_tokens=3),
+        "min_tokens 2 + EOS": SP(min_tokens=2, max_tokens=3),
+        "stop token": SP(stop_token_ids=(1,), max_tokens=3),
+        "penalties": SP(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.5, max_tokens=3),
+        "logit_bias": SP(logit_bias={0: 1.0, 2: -1.0}, max_tokens=3),
+        "allowed_token_ids": SP(allowed_token_ids=(0, 2, 3, eos), max_tokens=3),
+    }
+    return {name: Case(table, (0, 1, 2), params, eos_token_id=eos) for name, params in settings.items()}
+
+
+@main.command("calibrate")
+@click.option("--engine", default="reference", show_default=True)
+@click.option("--samples", default=3000, show_default=True)
+@click.option("--alpha", default=1e-3, show_default=True)
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--engine-setting", "engine_settings", multiple=True, metavar="KEY=VALUE")
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Also write results here.")
+def calibrate_cmd(engine, samples, alpha, dtype, engine_settings, work_dir, json_out) -> None:
+    """Speculation off on standard sampling settings: does the engine sample μ under its profile?
+
+    Run this first on a new engine or build: a failure here is an oracle/profile error or
+    a non-speculative engine bug, and speculation findings on that setting mean nothing.
+    """
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.run import run_family
+
+    suite = calibration_suite()
+    eng = IsolatedEngine(engine, {}, log_dir=work_dir / "logs")
+    try:
+        caps = eng.capabilities()
+        names = [n for n, c in suite.items() if all(
+            f in caps.sampling for f, v in c.params.to_json().items()
+            if v != SamplingParams_default().get(f) and f != "max_tokens")]
+        skipped = [n for n in suite if n not in names]
+        cases = [suite[n] for n in names]
+        runs = run_family(eng, cases, ckpt_root=work_dir / "checkpoints", alphas=[alpha / len(cases)] * len(cases),
+                          max_samples=samples, batch=min(6000, samples * len(cases)), speculation=False,
+                          profile=caps.profile, dtype=dtype, settings=parse_settings(engine_settings))
+        version = eng.version()
+    finally:
+        eng.close()
+    t = Table(title=f"calibration of {engine} ({dtype}, speculation off, profile {caps.profile})")
+    for col in ("setting", "samples", "verdict", "e-value", "worst token"):
+        t.add_column(col)
+    rows = []
+    for name, r in zip(names, runs):
+        if r.crash is not None:
+            t.add_row(name, str(r.n), f"crash ({r.crash.kind})", "-", r.crash.detail[:60])
+            rows.append({"setting": name, "status": "crash", "detail": r.crash.detail})
+            continue
+        v = r.judgement.verdict
+        wt = v.worst_token
+        wts = "-" if wt is None else f"{tuple(wt.context)}→{wt.token}: {wt.observed:.3f} vs {wt.expected:.3f}"
+        t.add_row(name, str(r.n), v.status, f"{v.e_value:.3g}", wts)
+        rows.append({"setting": name, "status": v.status, "n": r.n, "log_e": v.log_e if math.isfinite(v.log_e) else "inf",
+                     "evidence": v.evidence})
+    console.print(t)
+    if skipped:
+        console.print(f"not supported by this engine, skipped: {', '.join(skipped)}")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"engine": dict(version), "dtype": dtype, "rows": rows, "skipped": skipped}, indent=1))
+    sys.exit(1 if any(r["status"] in ("fail", "crash") for r in rows) else 0)
+
+
+def SamplingParams_default() -> dict:
+    from specfuzz.oracle.params import SamplingParams
+
+    return SamplingParams().to_json()
+
+
 ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm"}
 
 
