@@ -213,6 +213,9 @@ def _is_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
+SETTINGS_ENV = "SPECFUZZ_VLLM_SETTINGS"
+
+
 class VLLMEngine(Engine):
     """vLLM (``vllm.LLM``) behind the :class:`~specfuzz.engines.base.Engine` interface."""
 
@@ -221,7 +224,14 @@ class VLLMEngine(Engine):
     def __init__(self, **settings: Any) -> None:
         """``settings``: defaults for :attr:`EngineConfig.settings` (which take precedence),
         e.g. ``VLLMEngine(multiprocessing=False)``; how ``IsolatedEngine`` passes engine kwargs."""
-        self._default_settings = dict(settings)
+        # Site-wide defaults from the environment (JSON), e.g. on the H200 machine
+        # SPECFUZZ_VLLM_SETTINGS='{"attention_config": {"backend": "TRITON_ATTN"}}';
+        # they reach engines started in child processes too.
+        env = os.environ.get(SETTINGS_ENV)
+        base = json.loads(env) if env else {}
+        if not isinstance(base, dict):
+            raise InvalidInput(SETTINGS_ENV, env, "a JSON object of vLLM settings")
+        self._default_settings = {**base, **settings}
         self._llm = None
         self._config: EngineConfig | None = None
         self._vocab_size: int | None = None
