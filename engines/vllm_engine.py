@@ -216,6 +216,15 @@ def _is_cpu_platform() -> bool:
 SETTINGS_ENV = "SPECFUZZ_VLLM_SETTINGS"
 
 
+def _engine_args_accept(name: str) -> bool:
+    """Whether this vLLM version's EngineArgs has a field (detected at run time)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return any(f.name == name for f in dataclasses.fields(EngineArgs))
+
+
 class VLLMEngine(Engine):
     """vLLM (``vllm.LLM``) behind the :class:`~specfuzz.engines.base.Engine` interface."""
 
@@ -401,7 +410,8 @@ class VLLMEngine(Engine):
                 kwargs["gpu_memory_utilization"] = DEFAULT_CPU_MEMORY_UTILIZATION
             if spec_dict:
                 kwargs["speculative_config"] = spec_dict
-                kwargs["per_request_spec_decode_metrics"] = "summary"
+                if _engine_args_accept("per_request_spec_decode_metrics"):  # vLLM >= 0.26-ish; not 0.25
+                    kwargs["per_request_spec_decode_metrics"] = "summary"
             kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
             from vllm import LLM
 

