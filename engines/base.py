@@ -31,6 +31,10 @@ class EngineConfig:
     dtype: str = "float32"
     max_model_len: int = 64
     settings: Mapping[str, Any] = field(default_factory=dict)  # engine knobs (attention backend, eager, ...)
+    # The draft's true width and id map when its checkpoint is padded to a square table
+    # (a reduced draft vocabulary): what an EAGLE-3 style drafter would carry.
+    draft_vocab_size: int | None = None
+    draft_d2t: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,8 @@ class ReferenceEngine(Engine):
                 if config.draft_dir is None:
                     raise InvalidInput("draft_dir", None, f"a draft checkpoint for method {spec.method!r}")
                 draft = load_table(config.draft_dir)  # [R, R], reduced vocabularies padded with masked columns
-                width = int(config.settings.get("draft_vocab_size", draft.shape[1]))
-                d2t = config.settings.get("draft_d2t")
+                width = int(config.draft_vocab_size or draft.shape[1])
+                d2t = config.draft_d2t
                 self._draft = DraftModel(draft[:, :width], None if d2t is None else tuple(d2t))
         self._spec = spec
         self._config = config

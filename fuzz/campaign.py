@@ -31,7 +31,7 @@ from hypothesis.errors import Flaky, HypothesisException
 
 from specfuzz.case import Case
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
-from specfuzz.errors import AmbiguousSemantics
+from specfuzz.errors import AmbiguousSemantics, InvalidInput
 from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
 from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
@@ -92,6 +92,7 @@ class CampaignStats:
     crashes: int = 0
     engine_starts: int = 0
     rejected: int = 0
+    refused: int = 0  # cases the engine refused as bad configuration
     searches: int = 0
     stored: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -170,8 +171,6 @@ class Campaign:
         speculation = not self.cfg.calibration_only
         methods = tuple(m for m in caps.methods if self.cfg.methods is None or m in self.cfg.methods) if speculation else ()
         if speculation and not methods:
-            from specfuzz.errors import InvalidInput
-
             raise InvalidInput("method", self.cfg.methods, f"methods this engine supports: {caps.methods} (or 'none')")
         return case_families(
             max_patterns=self.cfg.max_patterns, max_vocab=self.cfg.max_vocab, max_tokens=self.cfg.max_tokens,
@@ -206,6 +205,12 @@ class Campaign:
                 runs = self._run(cases, alphas, next_seed(), speculation=speculation)
             except (AmbiguousSemantics, OutputSpaceTooLarge):
                 self.stats.rejected += 1
+                reject()
+            except InvalidInput as exc:
+                # The engine refused a configuration its capabilities did not rule out:
+                # not a finding; note it and draw another case.
+                self.stats.refused += 1
+                self.on_event(f"engine refused a case: {exc}", self.stats)
                 reject()
             for _ in cases:
                 self.spender.next()

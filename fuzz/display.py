@@ -27,7 +27,8 @@ def _stats_table(cfg, stats) -> Table:
     t.add_column()
     t.add_row("engine", cfg.engine + (f" (+{cfg.engine_kwargs['inject']})" if cfg.engine_kwargs.get("inject") else ""))
     t.add_row("time", f"{_fmt_s(elapsed)} elapsed, {_fmt_s(cfg.budget_s - elapsed)} left")
-    t.add_row("cases", f"{stats.cases} families, {stats.patterns} request patterns, {stats.rejected} rejected (ambiguous)")
+    t.add_row("cases", f"{stats.cases} families, {stats.patterns} request patterns, {stats.rejected} rejected (ambiguous)"
+              + (f", {stats.refused} refused by the engine" if stats.refused else ""))
     t.add_row("samples", f"{stats.samples:,}")
     t.add_row("findings", f"{stats.findings_new} new, {stats.findings_updated} seen again")
     t.add_row("crashes", str(stats.crashes))

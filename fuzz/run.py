@@ -47,11 +47,7 @@ def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", specul
     ck = materialize(case, ckpt_root, dtype)
     spec = case.spec if speculation else None
     st = dict(settings or {})
-    if spec is not None and case.draft_table is not None:
-        # The reference engine needs the draft's true width (checkpoints are square).
-        st.setdefault("draft_vocab_size", int(case.draft_table.shape[1]))
-        if case.draft_d2t is not None:
-            st.setdefault("draft_d2t", tuple(case.draft_d2t))
+    with_draft = spec is not None and case.draft_table is not None
     return EngineConfig(
         target_dir=ck.target_dir,
         draft_dir=ck.draft_dir if spec is not None else None,
@@ -59,6 +55,8 @@ def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", specul
         dtype=dtype,
         max_model_len=max(64, len(case.prompt) + case.params.max_tokens + 16),
         settings=st,
+        draft_vocab_size=int(case.draft_table.shape[1]) if with_draft else None,
+        draft_d2t=tuple(case.draft_d2t) if with_draft and case.draft_d2t is not None else None,
     )
 
 
