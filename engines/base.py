@@ -65,6 +65,11 @@ class Capabilities:
     # Speculation knobs the engine accepts, by SpecConfig field: e.g. {"verify": ("token",),
     # "draft_sampling": ("sampled",), "ngram_min": (1,)}. A field not named is unrestricted.
     spec_knobs: Mapping[str, tuple] = field(default_factory=dict)
+    # Whether start() may be called again in the same process with a new config. When
+    # False, the isolation layer starts a fresh process for every new config.
+    restart_in_process: bool = True
+    # SamplingParams fields honoured while speculating, when fewer than ``sampling``.
+    sampling_with_speculation: frozenset[str] | None = None
 
 
 class Engine(abc.ABC):

@@ -228,7 +228,10 @@ class IsolatedEngine:
         if self._proc is not None and self._config == config:
             return
         # A live engine process is asked to start again on the new config (engines
-        # release their previous model in start()); a dead one is respawned by _call.
+        # release their previous model in start()), unless the engine says it cannot
+        # restart in-process; a dead one is respawned by _call.
+        if self._proc is not None and self._config is not None and not getattr(self.capabilities(), "restart_in_process", True):
+            self.close()
         self._call("start", config, timeout=self.start_timeout_s)
         self._config = config
         self.starts += 1

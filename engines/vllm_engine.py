@@ -272,6 +272,10 @@ class VLLMEngine(Engine):
             draft_vocab="narrower",
             # Block verification is refused (module docstring); draft_temperature must be None.
             spec_knobs={"verify": ("token",), "draft_temperature": (None,), "inject": (None,)},
+            # vLLM keeps per-process state (parallel groups, kernel registries): a new
+            # config needs a fresh process when the engine core runs in-process.
+            restart_in_process=False,
+            sampling_with_speculation=frozenset(sampling - NOT_WITH_SPECULATION),
         )
 
     def version(self) -> Mapping[str, str]:

@@ -174,7 +174,9 @@ class Campaign:
             raise InvalidInput("method", self.cfg.methods, f"methods this engine supports: {caps.methods} (or 'none')")
         return case_families(
             max_patterns=self.cfg.max_patterns, max_vocab=self.cfg.max_vocab, max_tokens=self.cfg.max_tokens,
-            max_k=self.cfg.max_k, methods=methods or None, sampling=caps.sampling, draft_vocab=caps.draft_vocab,
+            max_k=self.cfg.max_k, methods=methods or None,
+            sampling=(getattr(caps, "sampling_with_speculation", None) or caps.sampling) if speculation else caps.sampling,
+            draft_vocab=caps.draft_vocab,
             speculation=speculation, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
         )
 
