@@ -229,8 +229,8 @@ class Campaign:
                 if not r.failed:
                     continue
                 label = r.judgement.attribution.label if r.judgement.attribution else None
-                if label_of_first and label != label_of_first[0]:
-                    continue  # while shrinking, only the same bug counts
+                if label_of_first and label != label_of_first[0] and label_of_first[0] not in (None, "unknown"):
+                    continue  # while shrinking, only the same bug counts (an unattributed one may become attributable)
                 if not label_of_first and self._entry_for(r).signature in self.known:
                     self._update_known(r)
                     continue

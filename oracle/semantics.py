@@ -106,6 +106,8 @@ MIN_P_RTOL = 1e-6
 NEAR_TIE_RTOL = 1e-6
 
 NEG_INF = -np.inf
+# exp(d) is 0 in float32 for d below about -103.3 (the smallest subnormal is 2**-149).
+FLOAT32_SOFTMAX_ZERO_GAP = -110.0
 
 
 # --------------------------------------------------------------------------------------
@@ -348,7 +350,10 @@ def apply_top_k(x: np.ndarray, k: int, exact: bool = False, ambiguous_ties: bool
     below = x < kth[:, None]  # [N, V]
     if ambiguous_ties:
         kept = (~below).sum(axis=1)  # [N]
-        tied = np.isfinite(kth) & (kept > k)  # [N]
+        # Tokens this far below the row's maximum have probability exactly 0 after a
+        # float32 softmax (a masked table entry, say): whether they are kept is moot.
+        moot = kth - x.max(axis=1) < FLOAT32_SOFTMAX_ZERO_GAP  # [N]
+        tied = np.isfinite(kth) & (kept > k) & ~moot  # [N]
         _check(
             tied,
             lambda r: f"top_k={k}: {int(kept[r])} tokens tie at or above the k-th largest logit {float(kth[r])!r}; "
