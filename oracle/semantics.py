@@ -535,18 +535,9 @@ def mask_bad_words_with_prompt(
 ) -> np.ndarray:
     """HF bad words: mask ``w[-1]`` where ``prompt + out`` (not the output alone) ends
     with ``w[:-1]``; a prefix longer than ``prompt + out`` never matches. [N, V] -> [N, V]"""
-    out = logits.copy()  # [N, V]
-    N, t = outs.shape
+    N = outs.shape[0]
     ctx = np.concatenate([np.broadcast_to(np.asarray(prompt, dtype=np.int64), (N, len(prompt))), outs], axis=1)  # [N, P+t]
-    L = ctx.shape[1]
-    for prefix, last in words:
-        m1 = len(prefix)
-        if m1 == 0:
-            out[:, last] = NEG_INF
-        elif L >= m1:
-            hit = (ctx[:, L - m1 :] == prefix[None, :]).all(axis=1)  # [N]
-            out[hit, last] = NEG_INF
-    return out
+    return mask_bad_words(logits, words, ctx)
 
 
 def hf_random_probs(logits: np.ndarray, params: SamplingParams, exact: bool = False) -> np.ndarray:

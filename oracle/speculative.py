@@ -717,13 +717,3 @@ class ExactDriver:
             frontier = nxt
         return final
 
-
-def process_for(
-    target: TargetLawLike,
-    prompt: Sequence[int],
-    max_tokens: int,
-    spec: SpecConfig,
-    draft: DraftModel | None = None,
-    temperature: float = 1.0,
-) -> SpeculativeProcess:
-    return SpeculativeProcess(target, prompt, max_tokens, spec, draft, temperature)
