@@ -58,7 +58,8 @@ class ReferenceEngine(Engine):
         self._laws: dict[tuple, TargetLaw] = {}
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(methods=METHODS, sampling=ALL_SAMPLING, dtypes=("float32", "bfloat16", "float16"),
+        # eagle/eagle3 run as draft_model chains here: campaigns need not draw them twice.
+        return Capabilities(methods=tuple(m for m in METHODS if m not in ("eagle", "eagle3")), sampling=ALL_SAMPLING, dtypes=("float32", "bfloat16", "float16"),
                             profile="vllm", draft_vocab="any")
 
     def version(self) -> Mapping[str, str]:

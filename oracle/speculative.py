@@ -55,9 +55,15 @@ PLACEHOLDER_TOKEN_ID = -1
 TREE_PAD_TOKEN_ID = 0
 
 # Methods the reference sampler runs.
-METHODS = ("draft_model", "ngram", "eagle_tree", "ngram_tree")
+METHODS = ("draft_model", "ngram", "eagle_tree", "ngram_tree", "eagle", "eagle3")
+# Chain drafts from a table drafter. "eagle"/"eagle3" are EAGLE heads written by tablegen
+# (specfuzz.tablegen.eagle): their draft distribution after token x is exactly the draft
+# table's row x, as for "draft_model", so the reference runs them as the same chain.
+CHAIN_DRAFT_METHODS = ("draft_model", "eagle", "eagle3")
+# Chain methods (block verification applies to these).
+CHAIN_METHODS = CHAIN_DRAFT_METHODS + ("ngram",)
 # Every method an engine adapter may be asked for (the reference runs METHODS only).
-ENGINE_METHODS = METHODS + ("eagle", "eagle3", "suffix", "mtp")
+ENGINE_METHODS = METHODS + ("suffix", "mtp")
 VERIFY_MODES = ("token", "block")
 DRAFT_SAMPLING = ("sampled", "greedy")
 
@@ -130,7 +136,7 @@ class SpecConfig:
             raise InvalidInput("num_speculative_tokens", k, "an integer in [1, 16]")
         if self.verify not in VERIFY_MODES:
             raise InvalidInput("verify", self.verify, f"one of {VERIFY_MODES}")
-        if self.verify == "block" and self.method not in ("draft_model", "ngram"):
+        if self.verify == "block" and self.method not in CHAIN_METHODS:
             raise InvalidInput("verify", self.verify, "'token' for tree methods (block verification needs a chain draft)")
         if self.draft_sampling not in DRAFT_SAMPLING:
             raise InvalidInput("draft_sampling", self.draft_sampling, f"one of {DRAFT_SAMPLING}")
@@ -411,7 +417,7 @@ class SpeculativeProcess:
         # 1. draft
         drafts: list[int] = []
         qs: list[np.ndarray] = []  # each [W], the distribution the drafter sampled from
-        if spec.method == "draft_model":
+        if spec.method in CHAIN_DRAFT_METHODS:
             ctx = self.prompt + committed
             for _ in range(K):
                 qd = self.q_at(ctx[-1], ())  # [V_draft]

@@ -123,7 +123,7 @@ def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 def _weights(
     table_rounded: np.ndarray, hidden_size: int, num_layers: int, head_dim: int,
-    intermediate_size: int, dtype: str,
+    intermediate_size: int, dtype: str, head_rounded: np.ndarray | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -136,6 +136,11 @@ def _weights(
     embed[torch.arange(v), torch.arange(v)] = float(scale)
     lm_head = torch.zeros(v, h, dtype=tdt)  # [V, H]
     lm_head[:, :v] = torch.from_numpy(table_rounded.T.copy()).to(tdt)  # [next, prev]
+    if head_rounded is not None:
+        # An EAGLE head's draft table in the spare columns [V, 2V): hidden state e_{V+i}
+        # reads row i (specfuzz.tablegen.eagle). The target's own hidden states are zero
+        # there, so its logits are unchanged (finite entries times 0.0 are exactly 0).
+        lm_head[:, v:2 * v] = torch.from_numpy(head_rounded.T.copy()).to(tdt)  # [next, prev]
 
     w: dict[str, Any] = {
         "model.embed_tokens.weight": embed,
@@ -204,6 +209,7 @@ def write_checkpoint(
     max_position_embeddings: int = 256,
     generation_config: dict[str, Any] | None = None,
     head_dim: int = DEFAULT_HEAD_DIM,
+    head_table: np.ndarray | None = None,
     overwrite: bool = False,
 ) -> CheckpointInfo:
     """Write a Llama checkpoint whose logits after token i are round_table(table)[i].
@@ -211,17 +217,28 @@ def write_checkpoint(
     ``table`` is [V, V] with ``table[prev, next]``. Writes atomically (a temporary folder
     next to ``out_dir``, then a rename); refuses a non-empty ``out_dir`` unless
     ``overwrite``. Warns when rounding to ``dtype`` changed the table.
+
+    ``head_table`` ([V, V], optional): a second table stored in the lm_head columns
+    [V, 2V) (needs hidden_size >= 2V; the default hidden size then grows). The target's
+    logits do not change; an EAGLE head that shares this lm_head
+    (:func:`specfuzz.tablegen.eagle.write_eagle_head`) drafts from it.
     """
     if dtype not in DTYPES:
         raise InvalidInput("dtype", dtype, f"one of {list(DTYPES)}")
     v = check_shape(np.asarray(table))
     table_rounded = round_table(table, dtype)  # [V, V]
     num_layers = _check_int("num_layers", num_layers, 1, None, "an integer >= 1")
+    head_rounded = None
+    if head_table is not None:
+        if np.shape(head_table) != (v, v):
+            raise InvalidInput("head_table.shape", tuple(np.shape(head_table)), f"None or the table's shape ({v}, {v})")
+        head_rounded = round_table(head_table, dtype)
+    width = 2 * v if head_table is not None else v
     if hidden_size is None:
-        hidden_size = default_hidden_size(v)
-    hidden_size = _check_int("hidden_size", hidden_size, v, None, f"a power of 4 >= V={v}")
+        hidden_size = default_hidden_size(width)
+    hidden_size = _check_int("hidden_size", hidden_size, width, None, f"a power of 4 >= {width}")
     if not _is_power_of_4(hidden_size):
-        raise InvalidInput("hidden_size", hidden_size, f"a power of 4 >= V={v}")
+        raise InvalidInput("hidden_size", hidden_size, f"a power of 4 >= {width}")
     for name, tid in (("eos_token_id", eos_token_id), ("bos_token_id", bos_token_id)):
         if tid is not None:
             _check_int(name, tid, 0, v, f"None or an integer in [0, V={v})")
@@ -268,6 +285,7 @@ def write_checkpoint(
         "masked_logit": MASKED_LOGIT,
         "rounded": changed,
         "num_masked": num_masked,
+        "head_table": head_table is not None,
     }
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +294,7 @@ def write_checkpoint(
         from safetensors.torch import save_file
 
         save_file(
-            _weights(table_rounded, hidden_size, num_layers, head_dim, intermediate_size, dtype),
+            _weights(table_rounded, hidden_size, num_layers, head_dim, intermediate_size, dtype, head_rounded),
             str(tmp / WEIGHTS_FILE),
             metadata={"format": "pt"},
         )
