@@ -7,17 +7,31 @@ SIGKILL, out-of-memory), hangs past its timeout, or the engine raises, the paren
 an :class:`EngineCrash` carrying the log tail; the next call starts a fresh child.
 Bad configuration (:class:`~specfuzz.errors.InvalidInput` from ``start``) is re-raised
 as such: it is the user's error, not the engine's.
+
+The child is a *daemon* process unless the engine starts processes of its own that
+must not be daemonic: SGLang's ``Engine`` starts its scheduler and detokenizer with
+multiprocessing, which a daemonic process may not do ("daemonic processes are not
+allowed to have children"). Those engines (:data:`NON_DAEMON_ENGINES`, or
+``IsolatedEngine(..., daemon=False)``) run in a non-daemon child. Either way nothing
+outlives the caller: the child leads its own process group, which is killed on close,
+crash, timeout and at the caller's exit (an ``atexit`` hook: multiprocessing would
+otherwise *join* a non-daemon child at exit), and a thread in the child kills that
+group when the caller dies without closing it (SIGKILL, SIGTERM).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import multiprocessing as mp
+import multiprocessing.util  # noqa: F401  (its atexit hook must be registered before ours)
 import os
 import signal
 import tempfile
+import threading
 import time
 import traceback
+import weakref
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,8 +42,14 @@ BUILTIN_ENGINES = {
     "reference": "specfuzz.engines.reference_engine:ReferenceEngine",
     "vllm": "specfuzz.engines.vllm_engine:VLLMEngine",
     "hf": "specfuzz.engines.hf_engine:HFEngine",
+    "sglang": "specfuzz.engines.sglang_engine:SGLangEngine",
 }
+# Engines (resolved ``module:Class``) that start multiprocessing children of their own and
+# so need a non-daemon child process (see the module docstring).
+NON_DAEMON_ENGINES = frozenset({"specfuzz.engines.sglang_engine:SGLangEngine"})
 LOG_TAIL_BYTES = 8000
+# How often the child checks that its parent is still alive (seconds).
+PARENT_POLL_S = 1.0
 
 
 class EngineCrash(SpecfuzzError):
@@ -65,8 +85,17 @@ def load_engine_class(spec: str) -> type:
     return cls
 
 
+def _kill_group_when_orphaned(parent_pid: int) -> None:  # pragma: no cover - runs in the child
+    """Kill this process group (the child and every process it started) once the parent is gone."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os.killpg(0, signal.SIGKILL)
+
+
 def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str) -> None:  # pragma: no cover - runs in the child
     os.setsid()
+    threading.Thread(target=_kill_group_when_orphaned, args=(os.getppid(),), daemon=True, name="specfuzz-orphan-watch").start()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -79,6 +108,9 @@ def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str
         try:
             cmd, args = conn.recv()
         except EOFError:
+            close = getattr(engine, "close", None)
+            if close:
+                close()
             return
         try:
             if cmd == "close":
@@ -87,7 +119,11 @@ def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str
                     close()
                 conn.send(("ok", None))
                 return
-            result = getattr(engine, cmd)(*args)
+            method = getattr(engine, cmd, None)
+            if not callable(method):
+                conn.send(("missing", cmd))
+                continue
+            result = method(*args)
             if cmd in ("version",):
                 result = dict(result)
             if cmd == "generate":
@@ -95,6 +131,19 @@ def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str
             conn.send(("ok", result))
         except BaseException as exc:  # noqa: BLE001
             conn.send(_error_reply(exc))
+
+
+# Live children of this process's IsolatedEngines, killed at exit (see the module docstring).
+_LIVE: "weakref.WeakSet[IsolatedEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_live_children() -> None:
+    for eng in list(_LIVE):
+        try:
+            eng._kill()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
 
 
 def _error_reply(exc: BaseException) -> tuple:
@@ -114,8 +163,12 @@ class IsolatedEngine:
         start_timeout_s: float = 600.0,
         call_timeout_s: float = 600.0,
         log_dir: Path | None = None,
+        daemon: bool | None = None,
     ) -> None:
+        """``daemon``: run the engine in a daemon child (None: yes, unless the engine is
+        one of :data:`NON_DAEMON_ENGINES`)."""
         self.engine_spec = resolve_engine(engine_spec)
+        self.daemon = (self.engine_spec not in NON_DAEMON_ENGINES) if daemon is None else bool(daemon)
         self.kwargs = dict(kwargs or {})
         self.start_timeout_s = start_timeout_s
         self.call_timeout_s = call_timeout_s
@@ -137,11 +190,12 @@ class IsolatedEngine:
         parent, child = ctx.Pipe()
         self.log_path = self.log_dir / f"engine-{os.getpid()}-{self.starts + self.crashes}-{int(time.time())}.log"
         self.log_path.touch()
-        proc = ctx.Process(target=_child_main, args=(child, self.engine_spec, self.kwargs, str(self.log_path)), daemon=True)
+        proc = ctx.Process(target=_child_main, args=(child, self.engine_spec, self.kwargs, str(self.log_path)), daemon=self.daemon)
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
         self._config = None
+        _LIVE.add(self)
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -157,6 +211,7 @@ class IsolatedEngine:
         if self._conn is not None:
             self._conn.close()
         self._proc, self._conn, self._config = None, None, None
+        _LIVE.discard(self)
 
     def log_tail(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -195,6 +250,8 @@ class IsolatedEngine:
         status = reply[0]
         if status == "ok":
             return reply[1]
+        if status == "missing":
+            raise AttributeError(f"engine {self.engine_spec} has no method {reply[1]!r}")
         if status == "invalid":
             _, name, value_repr, allowed = reply
             raise InvalidInput(name, _Repr(value_repr), allowed)
@@ -250,6 +307,15 @@ class IsolatedEngine:
         if self._caps is None:
             self._caps = self._call("capabilities", timeout=self.start_timeout_s)
         return self._caps
+
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Call another method of the started engine by name (e.g. ``logits_match_table``).
+
+        Raises AttributeError (engine left running) when the engine has no such method.
+        """
+        if self._proc is None or self._config is None:
+            raise RuntimeError(f"{method}() before start()")
+        return self._call(method, *args, timeout=self.call_timeout_s if timeout is None else timeout)
 
     @property
     def pid(self) -> int | None:

@@ -110,7 +110,14 @@ from specfuzz.oracle.params import GREEDY_TEMPERATURE_EPS, SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
 
 # Speculation methods this adapter maps onto vLLM (and for which specfuzz writes checkpoints).
-METHODS: tuple[str, ...] = ("draft_model", "ngram")
+METHODS: tuple[str, ...] = ("draft_model", "ngram", "eagle", "eagle3")
+# Methods whose draft checkpoint is an EAGLE head (specfuzz.tablegen.eagle).
+HEAD_METHODS: tuple[str, ...] = ("eagle", "eagle3")
+# Model Runner V2 (vLLM >= 0.2x on CUDA with Triton) runs these speculative methods; the
+# V1 runner runs the others (vLLM 0.25: "Model Runner V2 does not yet support
+# ngram/ngram_gpu speculative decoding", and "speculative method 'draft_model'").
+V2_METHODS: tuple[str, ...] = ("eagle", "eagle3")
+MODEL_RUNNERS = ("auto", "v1", "v2")
 # vLLM raises temperatures in (0, MIN_TEMPERATURE) to MIN_TEMPERATURE (sampling_params._MAX_TEMP).
 MIN_TEMPERATURE = 1e-2
 # vLLM rejects temperatures above this.
@@ -130,7 +137,7 @@ NEED_TOKENIZER: frozenset[str] = frozenset({"regex", "choice"})
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 # Settings the adapter consumes itself (everything else goes to vllm.LLM as is).
-_OWN_SETTINGS = ("multiprocessing", "env", "speculative_config", "cpu_kvcache_space_gib", "shutdown_timeout_s")
+_OWN_SETTINGS = ("multiprocessing", "env", "speculative_config", "cpu_kvcache_space_gib", "shutdown_timeout_s", "model_runner")
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 DEFAULT_CPU_MEMORY_UTILIZATION = 0.3
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
@@ -213,6 +220,42 @@ def _is_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def _is_cpu_platform_cheap() -> bool:
+    """No CUDA device (decided without importing vLLM's platform layer)."""
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def gpu_details() -> dict[str, str]:
+    """Device, driver, CUDA runtime and compute capability, for every corpus entry."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": f"cpu {_cpu_model()}"}
+    out = {
+        "device": f"cuda {torch.cuda.get_device_name(0)}",
+        "cuda_runtime": str(torch.version.cuda),
+        "compute_capability": ".".join(str(x) for x in torch.cuda.get_device_capability(0)),
+        "gpu_memory_gib": f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f}",
+    }
+    try:
+        import subprocess
+
+        drv = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip().splitlines()
+        if drv:
+            out["driver"] = drv[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 SETTINGS_ENV = "SPECFUZZ_VLLM_SETTINGS"
 
 
@@ -263,6 +306,12 @@ class VLLMEngine(Engine):
                 sampling -= NOT_WITH_SPECULATION
             if not self._tokenizer:
                 sampling -= NEED_TOKENIZER
+        block = self._block_verification_possible(self._default_settings.get("model_runner", "auto"))
+        knobs: dict[str, tuple] = {"verify": ("token",), "draft_temperature": (None,), "inject": (None,)}
+        if block:
+            # Model Runner V2 verifies blocks (rejection_sample_method="block") for EAGLE heads.
+            for m in V2_METHODS:
+                knobs[f"{m}.verify"] = ("token", "block")
         return Capabilities(
             methods=METHODS,
             sampling=frozenset(sampling),
@@ -270,30 +319,40 @@ class VLLMEngine(Engine):
             profile="vllm",
             max_vocab=None,
             draft_vocab="narrower",
-            # Block verification is refused (module docstring); draft_temperature must be None.
-            spec_knobs={"verify": ("token",), "draft_temperature": (None,), "inject": (None,)},
+            # Block verification only where Model Runner V2 runs (module docstring);
+            # draft_temperature must be None (the drafter samples at the request's temperature).
+            spec_knobs=knobs,
             # vLLM keeps per-process state (parallel groups, kernel registries): a new
             # config needs a fresh process when the engine core runs in-process.
             restart_in_process=False,
             sampling_with_speculation=frozenset(sampling - NOT_WITH_SPECULATION),
         )
 
+    @staticmethod
+    def _block_verification_possible(model_runner: object) -> bool:
+        """Whether EAGLE cases can run block verification here: Model Runner V2 (CUDA)."""
+        if model_runner == "v1":
+            return False
+        try:
+            import torch
+
+            return bool(torch.cuda.is_available())
+        except Exception:  # noqa: BLE001
+            return False
+
     def version(self) -> Mapping[str, str]:
         import torch
         import vllm
 
-        if torch.cuda.is_available():
-            device = f"cuda {torch.cuda.get_device_name(0)}"
-        else:
-            device = f"cpu {_cpu_model()}"
-        return {
+        out = {
             "name": "vllm",
             "version": str(vllm.__version__),
             "torch": str(torch.__version__),
-            "device": device,
             "python": platform.python_version(),
             "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
         }
+        out.update(gpu_details())
+        return out
 
     # -- start / stop --------------------------------------------------------------------
 
@@ -343,16 +402,33 @@ class VLLMEngine(Engine):
             raise InvalidInput("speculation.num_speculative_tokens", k, "an integer >= 1")
         if spec.inject is not None:
             raise InvalidInput("speculation.inject", spec.inject, "None (bugs are injected into the reference sampler only, not into vLLM)")
-        if spec.verify != "token":
-            raise InvalidInput(
-                "speculation.verify", spec.verify,
-                "'token' (vLLM 0.32's V1 model runner has no block verification; "
-                "rejection_sample_method='block' would silently verify token-wise)",
-            )
+        runner = self._model_runner(settings, config)
+        if spec.verify == "block":
+            if runner != "v2":
+                raise InvalidInput(
+                    "speculation.verify", spec.verify,
+                    f"'token' here (block verification runs on Model Runner V2 only, for {V2_METHODS} on CUDA; "
+                    f"this config runs the V1 runner, which has no block verifier and would silently verify token-wise)",
+                )
+        elif spec.verify != "token":
+            raise InvalidInput("speculation.verify", spec.verify, "'token' or 'block'")
         out: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": int(k)}
         if spec.method == "ngram":
             out["prompt_lookup_min"] = int(spec.ngram_min)
             out["prompt_lookup_max"] = int(spec.ngram_max)
+        elif spec.method in HEAD_METHODS:
+            if spec.draft_temperature is not None:
+                raise InvalidInput(
+                    "speculation.draft_temperature", spec.draft_temperature,
+                    "None (vLLM's drafter samples at the request's temperature)",
+                )
+            if config.draft_dir is None:
+                raise InvalidInput("draft_dir", None, f"an EAGLE head folder for method {spec.method!r} (specfuzz.tablegen.eagle)")
+            head = _read_config(Path(config.draft_dir), "draft_dir")
+            if head.get("vocab_size") != tv:
+                raise InvalidInput("head vocab_size", head.get("vocab_size"), f"the target's vocab_size={tv}")
+            out["model"] = str(config.draft_dir)
+            out["draft_sample_method"] = "probabilistic" if spec.draft_sampling == "sampled" else "greedy"
         else:  # draft_model
             if spec.draft_temperature is not None:
                 raise InvalidInput(
@@ -372,8 +448,33 @@ class VLLMEngine(Engine):
                 )
             out["model"] = str(config.draft_dir)
             out["draft_sample_method"] = "probabilistic" if spec.draft_sampling == "sampled" else "greedy"
+        if spec.verify == "block":
+            out["rejection_sample_method"] = "block"
         out.update(dict(extra_spec))
         return out
+
+    def _model_runner(self, settings: Mapping[str, Any], config: EngineConfig) -> str:
+        """The model runner this config runs on: "v1" or "v2" (settings["model_runner"]).
+
+        "auto" (the default) picks what vLLM's own auto choice gives for our engine
+        arguments: V2 for EAGLE heads on CUDA, V1 otherwise (ngram/draft_model are V1-only,
+        the CPU build has no V2, and speculation-off engines ask for raw logits, which V2
+        does not support). The choice is sent to vLLM (VLLM_USE_V2_MODEL_RUNNER) so that it
+        is never left to a version's defaults.
+        """
+        choice = settings.get("model_runner", "auto")
+        if choice not in MODEL_RUNNERS:
+            raise InvalidInput("settings['model_runner']", choice, f"one of {MODEL_RUNNERS}")
+        spec = config.speculation
+        on_cuda = self._block_verification_possible("auto")
+        if choice == "auto":
+            return "v2" if on_cuda and spec is not None and spec.method in V2_METHODS else "v1"
+        if choice == "v2":
+            if not on_cuda:
+                raise InvalidInput("settings['model_runner']", choice, "'auto' or 'v1' without CUDA (Model Runner V2 needs a CUDA GPU and Triton)")
+            if spec is not None and spec.method not in V2_METHODS:
+                raise InvalidInput("settings['model_runner']", choice, f"'auto' or 'v1' for method {spec.method!r} (Model Runner V2 runs {V2_METHODS})")
+        return choice
 
     def start(self, config: EngineConfig) -> None:
         """Start vLLM on ``config``; raise InvalidInput (before starting) for a bad config."""
@@ -389,6 +490,9 @@ class VLLMEngine(Engine):
         self._shutdown_timeout_s = float(settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S))
 
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if use_mp else "0")
+        runner = self._model_runner(settings, config)
+        if not _is_cpu_platform_cheap():
+            env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "v2" else "0")
         if "VLLM_LOGGING_LEVEL" not in os.environ:
             env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         kwargs: dict[str, Any] = {
@@ -398,9 +502,13 @@ class VLLMEngine(Engine):
             "max_model_len": int(config.max_model_len),
             "seed": DEFAULT_SEED,
             "skip_tokenizer_init": False,
-            "logprobs_mode": "raw_logits",
             "max_logprobs": -1,
         }
+        # Raw logits make calibration bit-exact; Model Runner V2 supports raw logprobs only.
+        kwargs["logprobs_mode"] = "raw_logprobs" if runner == "v2" else "raw_logits"
+        unknown = sorted(k for k in settings if k not in _OWN_SETTINGS and not _engine_args_accept(k))
+        if unknown:
+            raise InvalidInput("engine setting", unknown[0], "an own setting (" + ", ".join(_OWN_SETTINGS) + ") or a field of this vLLM version's EngineArgs")
         with _environ(env):
             import vllm.envs as vllm_envs
 

@@ -35,6 +35,14 @@ For an output prefix ``out`` of length ``t`` (``last`` = last token of prompt + 
     ascending, cumulative sum of the softmax, mask entries with ``cumsum <= 1 - top_p``
     except the largest); softmax of what is left.
 
+The ``"sglang"`` profile (:class:`SGLangProfile`, SGLang with ``sampling_backend="pytorch"``)
+------------------------------------------------------------------------------------------
+penalties (frequency, presence, min_new_tokens mask) → repetition on the *output* only →
+logit bias → greedy argmax (exact ties ambiguous), or temperature → softmax → top-k ∩
+top-p ∩ min-p, each computed on that one softmax (top-p not renormalised after top-k /
+min-p). No allowed tokens, bad words, constraints or thinking budgets. See
+:class:`SGLangProfile` for the source of each step and the differences from vLLM.
+
 The ``"hf"`` profile (:class:`HFProfile`, HF transformers ``generate()``)
 -------------------------------------------------------------------------
 sequence bias (``logit_bias``) → repetition penalty → bad words (matched on prompt +
@@ -634,7 +642,182 @@ class HFProfile(Profile):
 # The stateful processors HF transformers has (the others are inert under "hf").
 HF_PROCESSORS: tuple[str, ...] = ("min_tokens", "penalties", "bad_words")
 
-PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile}
+
+# --------------------------------------------------------------------------------------
+# SGLang
+# --------------------------------------------------------------------------------------
+
+# SamplingParams fields SGLang's sampler has no equivalent for (value when off).
+SGLANG_UNSUPPORTED: dict[str, object] = {
+    "allowed_token_ids": None,
+    "bad_words": (),
+    "thinking_budget": None,
+    "think_end_token_id": None,
+    "regex": None,
+    "choice": None,
+}
+
+
+def sglang_unsupported(params: SamplingParams) -> list[str]:
+    """Names of the fields of ``params`` set to something the "sglang" profile cannot express."""
+    return [name for name, off in SGLANG_UNSUPPORTED.items() if getattr(params, name) != off]
+
+
+def sglang_penalties(logits: np.ndarray, counts: np.ndarray, repetition: float, frequency: float, presence: float) -> np.ndarray:
+    """SGLang's penalizers: ``l -= frequency * count_out(v)``, ``l -= presence *
+    [count_out(v) > 0]`` (additive, accumulated first), then repetition ``r`` on the
+    tokens of the *output* only (``l * r`` if ``l < 0`` else ``l / r``). [N, V] -> [N, V]
+
+    ``counts`` [N, V]: occurrences in the output.
+    """
+    out = logits
+    present = counts > 0  # [N, V]
+    if frequency != 0.0:
+        out = out - frequency * counts
+    if presence != 0.0:
+        out = out - presence * present
+    if repetition != 1.0:
+        out = np.where(present, np.where(out < 0, out * repetition, out / repetition), out)
+    return out
+
+
+def sglang_top_p_keep(x: np.ndarray, top_p: float) -> np.ndarray:
+    """SGLang's top-p on the whole softmax of ``x`` [N, V]: sort descending and keep a
+    token iff the probability mass *before* it in that order is ``<= top_p`` (the first
+    token always). Returns the kept set [N, V] bool.
+
+    Ambiguous (float32 or sort order could decide): a kept-or-dropped token of positive
+    probability whose mass before it is within ``TOP_P_ATOL`` of ``top_p``; a cut between
+    two (near-)tied probabilities (which of them survives depends on the sort).
+    """
+    N, V = x.shape
+    ps = softmax(x)  # [N, V]
+    order = np.argsort(-ps, axis=1, kind="stable")  # [N, V] descending
+    psd = np.take_along_axis(ps, order, axis=1)  # [N, V]
+    before = np.cumsum(psd, axis=1) - psd  # [N, V] exclusive prefix sums
+    keep_sorted = before <= top_p  # [N, V] a prefix of each row (before is non-decreasing)
+    keep_sorted[:, 0] = True
+    close = (psd[:, 1:] > 0) & (np.abs(before[:, 1:] - top_p) <= TOP_P_ATOL)  # [N, V-1]
+    _check(
+        close.any(axis=1),
+        lambda r: f"top_p={top_p!r}: the probability mass {float(before[r, 1:][close[r]][0])!r} before a token is within {TOP_P_ATOL:g} of top_p",
+    )
+    m = keep_sorted.sum(axis=1)  # [N] number kept, >= 1
+    rows = np.flatnonzero(m < V)  # [R] rows with something dropped
+    a = psd[rows, m[rows] - 1]  # [R] last kept
+    b = psd[rows, m[rows]]  # [R] first dropped
+    tie = np.zeros(N, dtype=bool)  # [N]
+    tie[rows] = (b > 0) & (a - b <= NEAR_TIE_RTOL * a)
+    _check(
+        tie,
+        lambda r: f"top_p={top_p!r}: the cut falls between (near-)tied probabilities {float(psd[r, m[r] - 1])!r} and {float(psd[r, m[r]])!r} (the kept set depends on sort order)",
+    )
+    keep = np.empty_like(keep_sorted)  # [N, V] in token order
+    np.put_along_axis(keep, order, keep_sorted, axis=1)
+    return keep
+
+
+def sglang_random_probs(logits: np.ndarray, params: SamplingParams, exact: bool = False) -> np.ndarray:
+    """Temperature, then top-k ∩ top-p ∩ min-p on the one softmax, then renormalise. [N, V] -> [N, V]
+
+    ``exact``: ``logits`` are unmodified table values (no bias, no penalties).
+    """
+    x = logits / params.temperature  # [N, V]
+    keep = np.isfinite(x)  # [N, V]
+    if params.min_p > 0.0:
+        keep &= np.isfinite(apply_min_p(x, params.min_p))
+    if params.top_k >= 1:
+        keep &= np.isfinite(apply_top_k(x, params.top_k, exact=exact and params.temperature == 1.0, ambiguous_ties=True))
+    if params.top_p < 1.0:
+        keep &= sglang_top_p_keep(x, params.top_p)
+    return softmax(np.where(keep, x, NEG_INF))
+
+
+def sglang_greedy_probs(logits: np.ndarray, exact: bool = False) -> np.ndarray:
+    """Point mass on the argmax; an exact tie at the maximum is ambiguous. [N, V] -> [N, V]"""
+    top = logits.max(axis=1)  # [N]
+    n_top = (logits == top[:, None]).sum(axis=1)  # [N]
+    _check(
+        n_top > 1,
+        lambda r: f"greedy: {int(n_top[r])} tokens tie at the maximum logit {float(top[r])!r}; SGLang's greedy is "
+        "top_k=1 through a descending sort in mixed batches (which tied token comes first is unspecified), argmax only "
+        "when every request of the batch is greedy",
+    )
+    return greedy_probs(logits, exact)
+
+
+class SGLangProfile(Profile):
+    """SGLang 0.5.17 with ``sampling_backend="pytorch"``, speculation off.
+
+    For an output prefix ``out`` of length ``t``; sources are SGLang 0.5.17 files under
+    ``python/sglang/srt``:
+
+    1. ``logits = L[last]`` (float32 in the engine: ``LogitsProcessor._copy_logits_to_buffer``).
+    2. Additive penalizers (``penaltylib``: frequency, presence, min_new_tokens; summed
+       into one tensor by ``SamplingBatchInfo.update_penalties`` and added first by
+       ``apply_logits_bias``): ``l -= frequency * count_out(v)``, ``l -= presence *
+       [count_out(v) > 0]``, and while ``t < min_tokens`` ``-inf`` on ``stop_token_ids``
+       and EOS -- EOS even under ``ignore_eos`` (``BatchedMinNewTokensPenalizer`` puts
+       the tokenizer's EOS in the set unconditionally, like vLLM).
+    3. Repetition penalty (``BatchedRepetitionPenalizer``, multiplicative, applied after
+       the additive ones): on tokens of the *output* only (its penalizer cumulates output
+       tokens; the prompt is never counted): ``l * r`` if ``l < 0`` else ``l / r``.
+    4. ``logit_bias`` added (after the penalties, ``apply_logits_bias``).
+    5. Greedy (``temperature < 1e-5`` here; SGLang turns ``temperature < 1e-6`` into
+       ``top_k=1``): point mass on the argmax. An exact tie at the maximum is ambiguous:
+       ``Sampler.forward`` takes ``torch.argmax`` only when the whole batch is greedy,
+       otherwise ``top_k=1`` through ``probs.sort(descending=True)``.
+    6. Random (``top_k_top_p_min_p_sampling_from_probs_torch``): ``p = softmax(l / T)``;
+       sort descending; drop positions ``>= top_k``; drop tokens whose mass *before*
+       them in the sort exceeds ``top_p`` (cumulative sums of the whole ``p``, computed
+       before the top-k cut, never renormalised); drop ``p < min_p * max p``; sample
+       from what is left (``torch.multinomial`` renormalises).
+
+    Differences from the ``"vllm"`` profile: repetition penalises output tokens only
+    (vLLM: prompt ∪ output); frequency/presence come before repetition and logit bias
+    after all penalties (vLLM: bias, repetition, frequency, presence); top-p is decided on
+    the full distribution, not on the one renormalised after min-p / top-k, and a token
+    whose preceding mass equals ``top_p`` is kept; greedy ties are ambiguous (vLLM: lowest
+    index); no allowed tokens, bad words, grammar constraints or thinking budgets
+    (``InvalidInput`` naming the field). Top-k keeps exactly ``k`` sorted positions, so a
+    tie across the k-th value is ambiguous (as in the vLLM profile).
+
+    Not modelled (effects below what sampling can detect): in a batch where any request
+    uses top-k/top-p/min-p, every request goes through the sorted path, whose float32
+    cumulative sum can exceed ``top_p = 1`` before tokens of probability below ~1e-7.
+    """
+
+    name = "sglang"
+    processors: tuple[str, ...] = PROCESSORS
+
+    def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        bad = sglang_unsupported(spec.params)
+        if bad:
+            name = bad[0]
+            raise InvalidInput(name, getattr(spec.params, name), f"{SGLANG_UNSUPPORTED[name]!r} (off) under profile 'sglang': SGLang has no {name}")
+        try:
+            return self._probs(spec, outs, views)
+        except RowAmbiguity as exc:
+            prefix = tuple(int(v) for v in outs[exc.row])
+            raise AmbiguousSemantics(f"{exc.message} (profile {self.name}, output prefix {prefix})") from None
+
+    def _probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        p = spec.params
+        N, t = outs.shape
+        last = outs[:, -1] if t else np.full(N, spec.prompt[-1], dtype=np.int64)  # [N]
+        logits = spec.table[last]  # [N, V] (a copy)
+        if p.min_tokens:
+            logits = mask_min_tokens(logits, _vllm_min_tokens_mask(spec), views["min_tokens"].length, p.min_tokens)
+        if spec.has_penalties:
+            logits = sglang_penalties(logits, views["penalties"].counts, p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+        if spec.bias is not None:
+            logits = add_bias(logits, spec.bias)
+        _check(~np.isfinite(logits).any(axis=1), lambda r: "every token is masked (min_tokens)")
+        exact = spec.bias is None and not spec.has_penalties
+        return sglang_greedy_probs(logits, exact) if p.greedy else sglang_random_probs(logits, p, exact)
+
+
+PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile, "sglang": SGLangProfile}
 
 
 def get_profile(profile: "str | Profile") -> Profile:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from specfuzz.case import Case
 from specfuzz.oracle.params import SamplingParams
-from specfuzz.oracle.speculative import SpecConfig
+from specfuzz.oracle.speculative import CHAIN_DRAFT_METHODS, CHAIN_METHODS, SpecConfig
 
 # Logit values are multiples of 1/4 in [-4, 4]: exact in bfloat16, float16 and float32,
 # and coarse enough that a shrunk table reads like a hand-written one.
@@ -96,8 +96,9 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
     """Speculation settings; ``knobs`` restricts fields to the values an engine accepts."""
     knobs = dict(knobs or {})
 
-    def pick(draw, name: str, values: list):
-        allowed = knobs.get(name)
+    def pick(draw, name: str, values: list, method: str | None = None):
+        # "method.field" keys override "field" (e.g. block verification for one method only).
+        allowed = knobs.get(f"{method}.{name}", knobs.get(name))
         vals = [v for v in values if allowed is None or v in allowed]
         return draw(st.sampled_from(vals or list(allowed)))
 
@@ -105,10 +106,10 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
     def _spec(draw) -> SpecConfig:
         method = draw(st.sampled_from(methods))
         kw: dict = {"method": method, "num_speculative_tokens": draw(st.integers(1, max_k)), "inject": inject}
-        if method in ("draft_model", "ngram"):
-            kw["verify"] = pick(draw, "verify", ["token", "block"])
-        if method in ("draft_model", "eagle_tree"):
-            kw["draft_sampling"] = pick(draw, "draft_sampling", ["sampled", "greedy"])
+        if method in CHAIN_METHODS:
+            kw["verify"] = pick(draw, "verify", ["token", "block"], method)
+        if method in CHAIN_DRAFT_METHODS + ("eagle_tree",):
+            kw["draft_sampling"] = pick(draw, "draft_sampling", ["sampled", "greedy"], method)
         if method in ("ngram", "ngram_tree"):
             lo = pick(draw, "ngram_min", [1, 2])
             kw["ngram_min"], kw["ngram_max"] = lo, draw(st.integers(lo, 3))
@@ -161,10 +162,25 @@ def cases(
     if not speculation:
         return Case(target, prompt, params, eos_token_id=eos)
     spec = draw(spec_configs(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k, inject, spec_knobs))
-    draft = None
+    draft = d2t = None
     if spec.uses_draft_model:
-        draft = draw(draft_tables(target, _draft_width(draw, V, spec, draft_vocab)))
-    return Case(target, prompt, params, eos_token_id=eos, spec=spec, draft_table=draft)
+        # EAGLE heads draft over (a subset of) the target's vocabulary: never wider.
+        width = _draft_width(draw, V, spec, "narrower" if spec.method in ("eagle", "eagle3") else draft_vocab)
+        draft = draw(draft_tables(target, width))
+        if spec.method == "eagle3" and width < V:
+            d2t = draw(reduced_vocab_maps(V, width))
+    return Case(target, prompt, params, eos_token_id=eos, spec=spec, draft_table=draft, draft_d2t=d2t)
+
+
+@st.composite
+def reduced_vocab_maps(draw, V: int, v_draft: int):
+    """An EAGLE-3 draft-to-target id map: ``v_draft`` distinct target ids, sorted as
+    EAGLE-3 training writes them (by id) or, sometimes, in any order; None (the first
+    ``v_draft`` ids) is the shrink target."""
+    if not draw(st.booleans()):
+        return None
+    ids = draw(st.lists(st.integers(0, V - 1), min_size=v_draft, max_size=v_draft, unique=True))
+    return tuple(sorted(ids)) if draw(st.booleans()) else tuple(ids)
 
 
 @st.composite

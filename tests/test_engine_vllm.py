@@ -230,8 +230,24 @@ def test_unknown_speculation_method_is_refused_before_start(tmp_path):
     _refused_before_start(_config(tmp_path, SpecConfig("eagle_tree", 2), T), "speculation.method", "'eagle_tree'")
 
 
-def test_unclaimed_eagle_method_is_refused_before_start(tmp_path):
-    _refused_before_start(_config(tmp_path, SpecConfig("eagle3", 1), T), "'eagle3'")
+def test_eagle_method_without_a_head_is_refused_before_start(tmp_path):
+    _refused_before_start(_config(tmp_path, SpecConfig("eagle3", 1), None, draft_dir=None), "draft_dir=None", "EAGLE head")
+
+
+def test_unknown_engine_setting_is_refused_naming_it(tmp_path):
+    cfg = _config(tmp_path, None, None)
+    cfg = EngineConfig(target_dir=cfg.target_dir, settings={"no_such_vllm_knob": 1})
+    eng = VLLMEngine()
+    with pytest.raises(InvalidInput, match="no_such_vllm_knob.*EngineArgs"):
+        eng.start(cfg)  # checked against this vLLM's EngineArgs (importing it takes a few seconds)
+    assert not eng.started
+
+
+def test_model_runner_setting_is_validated(tmp_path):
+    cfg = _config(tmp_path, None, None)
+    _refused_before_start(EngineConfig(target_dir=cfg.target_dir, settings={"model_runner": "v3"}), "model_runner", "'v1'")
+    if CPU:
+        _refused_before_start(EngineConfig(target_dir=cfg.target_dir, settings={"model_runner": "v2"}), "model_runner']='v2'", "CUDA")
 
 
 def test_zero_speculative_tokens_never_reaches_the_adapter():
@@ -259,7 +275,7 @@ def test_draft_dir_without_checkpoint_is_refused_before_start(tmp_path):
 
 
 def test_block_verification_and_injection_are_refused_before_start(tmp_path):
-    _refused_before_start(_config(tmp_path, SpecConfig("draft_model", 2, verify="block"), T), "speculation.verify='block'")
+    _refused_before_start(_config(tmp_path, SpecConfig("draft_model", 2, verify="block"), T), "speculation.verify='block'", "Model Runner V2")
     _refused_before_start(_config(tmp_path, SpecConfig("draft_model", 2, inject="N1"), T), "speculation.inject='N1'")
     _refused_before_start(_config(tmp_path, SpecConfig("draft_model", 2, draft_temperature=0.5), T), "draft_temperature=0.5")
 
@@ -270,7 +286,10 @@ def test_missing_target_checkpoint_is_refused(tmp_path):
 
 def test_capabilities_before_start_name_methods_fields_and_profile():
     caps = VLLMEngine().capabilities()
-    assert set(caps.methods) == {"ngram", "draft_model"}
+    assert set(caps.methods) == {"ngram", "draft_model", "eagle", "eagle3"}
+    # Block verification only where Model Runner V2 runs (CUDA), and only for EAGLE heads.
+    assert caps.spec_knobs["verify"] == ("token",)
+    assert ("eagle3.verify" in caps.spec_knobs) == (not CPU)
     assert caps.profile == "vllm" and "float32" in caps.dtypes and caps.draft_vocab == "narrower"
     assert {"temperature", "top_k", "top_p", "min_p", "min_tokens", "stop_token_ids", "regex", "choice", "bad_words"} <= caps.sampling
     assert "thinking_budget" not in caps.sampling
