@@ -64,7 +64,7 @@ def parse_settings(items: tuple[str, ...]) -> dict:
 
 @main.command("fuzz")
 @click.option("--budget", default="60s", show_default=True, help="Time budget: 90s, 10m, 2h, 1h30m.")
-@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, or package.module:Class.")
+@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, sglang, or package.module:Class.")
 @click.option("--inject", default=None, help="Reference engine only: inject a catalogued bug (N1..N7).")
 @click.option("--method", "methods", multiple=True,
               help="Speculation methods to fuzz (repeatable); 'none' = speculation off (a calibration campaign). Default: all the engine supports.")
@@ -232,7 +232,7 @@ def _engine_kwargs(engine: str, inject: str | None) -> dict:
 
 @main.command("check")
 @click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, or package.module:Class.")
+@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, sglang, or package.module:Class.")
 @click.option("--inject", default=None, help="Reference engine only: inject a catalogued bug (N1..N7).")
 @click.option("--samples", default=4000, show_default=True, help="Samples per run (fewer if the verdict fails earlier).")
 @click.option("--alpha", default=1e-3, show_default=True)
@@ -318,7 +318,17 @@ def calibration_suite(vocab: int = 6, seed: int = 9):
         "logit_bias": SP(logit_bias={0: 1.0, 2: -1.0}, max_tokens=3),
         "allowed_token_ids": SP(allowed_token_ids=(0, 2, 3, eos), max_tokens=3),
     }
-    return {name: Case(table, (0, 1, 2), params, eos_token_id=eos) for name, params in settings.items()}
+    cases = {name: Case(table, (0, 1, 2), params, eos_token_id=eos) for name, params in settings.items()}
+    # Greedy again from a context whose argmax path (3 -> 4 -> EOS) has no tie at the
+    # maximum: the prompt above reaches row 2, whose maximum is tied (1.75 at tokens 0
+    # and 3), which profiles that leave greedy ties unspecified ("sglang") cannot judge.
+    cases["greedy, untied argmax"] = Case(table, (0, 1, 3), SP(temperature=0.0, max_tokens=3), eos_token_id=eos)
+    return cases
+
+
+# Prompt of the logits check in ``specfuzz calibrate``: every context token of the suite's table.
+def _logits_prompt(vocab: int) -> list[int]:
+    return list(range(vocab)) + [2, 4]
 
 
 @main.command("calibrate")
@@ -334,47 +344,98 @@ def calibrate_cmd(engine, samples, alpha, dtype, engine_settings, work_dir, json
 
     Run this first on a new engine or build: a failure here is an oracle/profile error or
     a non-speculative engine bug, and speculation findings on that setting mean nothing.
+    Settings the engine does not support, or whose law its profile leaves unspecified
+    (ties the engine may break either way), are skipped and listed. Engines with a
+    ``logits_match_table`` method (vLLM, SGLang) also check that their own next-token
+    logits or logprobs reproduce the table (row "logits"). Results are written to
+    ``--json`` before the engine is shut down.
     """
-    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
+    from specfuzz.errors import AmbiguousSemantics
     from specfuzz.fuzz.run import run_family
+    from specfuzz.oracle.judge import target_law_dict
 
     suite = calibration_suite()
     eng = IsolatedEngine(engine, {}, log_dir=work_dir / "logs")
+    rows: list[dict] = []
+    skipped: list[str] = []
+    version: dict = {"name": engine}
+    t = None
     try:
         caps = eng.capabilities()
-        names = [n for n, c in suite.items() if all(
-            f in caps.sampling for f, v in c.params.to_json().items()
-            if v != SamplingParams_default().get(f) and f != "max_tokens")]
-        skipped = [n for n in suite if n not in names]
+        names = []
+        for n, c in suite.items():
+            unsupported = [f for f, v in c.params.to_json().items()
+                           if v != SamplingParams_default().get(f) and f != "max_tokens" and f not in caps.sampling]
+            if unsupported:
+                skipped.append(f"{n} (not supported: {', '.join(unsupported)})")
+                continue
+            try:
+                target_law_dict(c, profile=caps.profile)
+            except AmbiguousSemantics as exc:
+                skipped.append(f"{n} (ambiguous under profile {caps.profile}: {str(exc)[:120]})")
+                continue
+            names.append(n)
         cases = [suite[n] for n in names]
+        if not cases:
+            raise click.ClickException(f"no calibration setting applies to engine {engine!r} (skipped: {'; '.join(skipped)})")
         runs = run_family(eng, cases, ckpt_root=work_dir / "checkpoints", alphas=[alpha / len(cases)] * len(cases),
                           max_samples=samples, batch=min(6000, samples * len(cases)), speculation=False,
                           profile=caps.profile, dtype=dtype, settings=parse_settings(engine_settings))
-        version = eng.version()
+        t = Table(title=f"calibration of {engine} ({dtype}, speculation off, profile {caps.profile})")
+        for col in ("setting", "samples", "verdict", "e-value", "worst token"):
+            t.add_column(col)
+        for name, r in zip(names, runs):
+            if r.crash is not None:
+                t.add_row(name, str(r.n), f"crash ({r.crash.kind})", "-", r.crash.detail[:60])
+                rows.append({"setting": name, "status": "crash", "detail": r.crash.detail})
+                continue
+            v = r.judgement.verdict
+            wt = v.worst_token
+            wts = "-" if wt is None else f"{tuple(wt.context)}→{wt.token}: {wt.observed:.3f} vs {wt.expected:.3f}"
+            t.add_row(name, str(r.n), v.status, f"{v.e_value:.3g}", wts)
+            rows.append({"setting": name, "status": v.status, "n": r.n, "log_e": v.log_e if math.isfinite(v.log_e) else "inf",
+                         "evidence": v.evidence})
+        try:
+            version = dict(eng.version())
+        except EngineCrash as exc:
+            version = {"name": engine, "error": str(exc)}
+        if not any(r.crash for r in runs):
+            row = _logits_row(eng, cases[0].vocab_size if cases else 0)
+            if row is not None:
+                rows.append(row)
+                t.add_row("logits", str(row.get("positions", "-")), row["status"], "-", row.get("detail", "")[:60])
+        _write_calibration(json_out, version, dtype, rows, skipped)
     finally:
         eng.close()
-    t = Table(title=f"calibration of {engine} ({dtype}, speculation off, profile {caps.profile})")
-    for col in ("setting", "samples", "verdict", "e-value", "worst token"):
-        t.add_column(col)
-    rows = []
-    for name, r in zip(names, runs):
-        if r.crash is not None:
-            t.add_row(name, str(r.n), f"crash ({r.crash.kind})", "-", r.crash.detail[:60])
-            rows.append({"setting": name, "status": "crash", "detail": r.crash.detail})
-            continue
-        v = r.judgement.verdict
-        wt = v.worst_token
-        wts = "-" if wt is None else f"{tuple(wt.context)}→{wt.token}: {wt.observed:.3f} vs {wt.expected:.3f}"
-        t.add_row(name, str(r.n), v.status, f"{v.e_value:.3g}", wts)
-        rows.append({"setting": name, "status": v.status, "n": r.n, "log_e": v.log_e if math.isfinite(v.log_e) else "inf",
-                     "evidence": v.evidence})
-    console.print(t)
+    if t is not None:
+        console.print(t)
     if skipped:
-        console.print(f"not supported by this engine, skipped: {', '.join(skipped)}")
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"engine": dict(version), "dtype": dtype, "rows": rows, "skipped": skipped}, indent=1))
+        console.print(f"skipped: {'; '.join(skipped)}")
+    _write_calibration(json_out, version, dtype, rows, skipped)
     sys.exit(1 if any(r["status"] in ("fail", "crash") for r in rows) else 0)
+
+
+def _logits_row(eng, vocab: int) -> dict | None:
+    """The engine's own logits/logprobs against the table (None when it has no such check)."""
+    from specfuzz.engines.isolation import EngineCrash
+
+    try:
+        report = eng.call("logits_match_table", _logits_prompt(vocab))
+    except AttributeError:
+        return None
+    except EngineCrash as exc:
+        return {"setting": "logits", "status": "crash", "detail": exc.detail}
+    d = report.to_json()
+    return {"setting": "logits", "status": "pass" if report.ok else "fail", "positions": report.positions,
+            "detail": f"{d['mode']}: max |diff| {d['max_abs_diff']:.3g} (tolerance {d['tolerance']:g})", "report": d}
+
+
+def _write_calibration(json_out: Path | None, version: dict, dtype: str, rows: list[dict], skipped: list[str]) -> None:
+    if not json_out:
+        return
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps({"engine": dict(version), "dtype": dtype, "rows": rows, "skipped": skipped}, indent=1))
 
 
 def SamplingParams_default() -> dict:
@@ -383,7 +444,7 @@ def SamplingParams_default() -> dict:
     return SamplingParams().to_json()
 
 
-ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm"}
+ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm", "sglang": "sglang"}
 
 
 def engine_for_entry(entry) -> tuple[str, dict]:

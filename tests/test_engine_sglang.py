@@ -1,0 +1,615 @@
+"""The SGLang adapter: mapping tests on any machine, the real engine on a CUDA GPU.
+
+SGLang needs CUDA, so most of this file checks what can be checked without it, against
+SGLang 0.5.17's own source where it is at hand (``SGLANG_SITE``, default
+``/tmp/sglang-gpu-bundle/site``: the unpacked wheel; read with ``ast``, never imported,
+its compiled dependencies are for the GPU machine's Python): every key the adapter sends
+to ``sglang.Engine`` is a ``ServerArgs`` field and every sampling key a ``SamplingParams``
+field of that version; the speculation mapping for every method and knob; the sampling
+mapping and what it refuses; output normalisation; config validation; the non-daemon
+isolation SGLang needs (a child that starts processes, and the guarantee that nothing
+outlives a killed caller).
+
+Tests marked ``gpu`` start the real engine (through ``IsolatedEngine("sglang")``, one
+process per engine: SGLang's shutdown kills every child of its process) on bfloat16 table
+checkpoints and judge its samples against the exact law μ under the "sglang" profile;
+they are skipped unless CUDA and SGLang are importable.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specfuzz.case import Case
+from specfuzz.engines.base import EngineConfig, Request
+from specfuzz.engines.checkpoints import materialize
+from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
+from specfuzz.engines.reference_engine import ReferenceEngine
+from specfuzz.engines.sglang_engine import (
+    DEFAULT_SETTINGS,
+    SETTINGS_ENV,
+    SGLangEngine,
+    completion_from_output,
+    sampling_params_dict,
+    speculative_kwargs,
+    unknown_server_args,
+)
+from specfuzz.errors import InvalidInput
+from specfuzz.fuzz.run import engine_config, run_case
+from specfuzz.oracle.params import SamplingParams as SP
+from specfuzz.oracle.speculative import SpecConfig
+
+SGLANG_SITE = Path(os.environ.get("SGLANG_SITE", "/tmp/sglang-gpu-bundle/site"))
+V, EOS = 6, 5
+PROMPT = (1, 2, 1, 2)
+_rng = np.random.default_rng(2025)
+T = (_rng.integers(-8, 9, (V, V)) / 4).astype(np.float32)  # [V, V] multiples of 1/4: exact in bfloat16
+
+
+def _class_fields(path: Path, cls: str) -> frozenset[str]:
+    """Annotated field names of a class in a source file (parsed, not imported)."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return frozenset(n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+    raise AssertionError(f"{cls} not found in {path}")
+
+
+@pytest.fixture(scope="module")
+def server_args_fields() -> frozenset[str]:
+    path = SGLANG_SITE / "sglang/srt/server_args.py"
+    if not path.is_file():
+        pytest.skip(f"SGLang source not found at {SGLANG_SITE} (set SGLANG_SITE)")
+    return _class_fields(path, "ServerArgs")
+
+
+@pytest.fixture(scope="module")
+def sampling_fields() -> frozenset[str]:
+    path = SGLANG_SITE / "sglang/srt/sampling/sampling_params.py"
+    if not path.is_file():
+        pytest.skip(f"SGLang source not found at {SGLANG_SITE} (set SGLANG_SITE)")
+    return _class_fields(path, "SamplingParams")
+
+
+# ----------------------------------------------------------------------------- speculation mapping
+
+
+def test_ngram_chain_maps_to_ngram_with_breadth_one_and_k_plus_one_draft_tokens():
+    kw = speculative_kwargs(SpecConfig("ngram", 3, ngram_min=1, ngram_max=2))
+    assert kw == {
+        "speculative_algorithm": "NGRAM",
+        "speculative_num_draft_tokens": 4,  # the root (last verified token) counts as one
+        "speculative_ngram_min_bfs_breadth": 1,
+        "speculative_ngram_max_bfs_breadth": 1,
+        "speculative_ngram_max_trie_depth": 5,  # ngram_max + K
+        "speculative_num_steps": 4,
+    }
+
+
+def test_ngram_tree_maps_topk_to_bfs_breadth_and_budget_to_draft_tokens():
+    kw = speculative_kwargs(SpecConfig("ngram_tree", 2, ngram_min=1, ngram_max=3, tree_topk=3, tree_budget=5))
+    assert kw["speculative_algorithm"] == "NGRAM"
+    assert kw["speculative_num_draft_tokens"] == 6
+    assert kw["speculative_ngram_min_bfs_breadth"] == kw["speculative_ngram_max_bfs_breadth"] == 3
+    assert kw["speculative_ngram_max_trie_depth"] == 5
+    assert kw["speculative_num_steps"] == 2  # 6 // 3, as SGLang's _handle_ngram derives it
+    small = speculative_kwargs(SpecConfig("ngram_tree", 1, tree_topk=3, tree_budget=1))
+    assert small["speculative_num_steps"] == 1  # 2 // 3 = 0 would leave SGLang without a step
+
+
+def test_draft_model_chain_maps_to_standalone_topk_one(tmp_path):
+    kw = speculative_kwargs(SpecConfig("draft_model", 3, draft_sampling="greedy"), draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+    assert kw == {
+        "speculative_algorithm": "STANDALONE",
+        "speculative_draft_model_path": str(tmp_path),
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+    }
+
+
+@pytest.mark.parametrize(
+    "K,topk,budget,steps,want_topk,nodes",
+    [
+        (2, 2, 4, 2, 2, 4),  # fits: 2 + 1 * 4 = 6 candidates
+        (1, 2, 5, 1, 2, 2),  # one step: only topk candidates exist
+        (3, 1, 2, 2, 1, 2),  # topk 1: a chain of min(K, budget)
+        (3, 1, 6, 3, 1, 3),
+        (3, 3, 6, 3, 3, 6),
+    ],
+)
+def test_eagle_tree_maps_to_standalone_tree_within_sglangs_candidate_count(tmp_path, K, topk, budget, steps, want_topk, nodes):
+    spec = SpecConfig("eagle_tree", K, draft_sampling="greedy", tree_topk=topk, tree_budget=budget)
+    kw = speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+    assert kw["speculative_algorithm"] == "STANDALONE"
+    assert (kw["speculative_num_steps"], kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (steps, want_topk, nodes + 1)
+
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        (SpecConfig("eagle", 1), "EAGLE head"),
+        (SpecConfig("eagle3", 2), "EAGLE head"),
+        (SpecConfig("suffix", 1), "speculation.method='suffix'"),
+        (SpecConfig("draft_model", 2, verify="block"), "speculation.verify='block'"),
+        (SpecConfig("ngram", 2, inject="N4"), "speculation.inject='N4'"),
+        (SpecConfig("draft_model", 2), "speculation.draft_sampling='sampled'"),
+        (SpecConfig("eagle_tree", 2), "speculation.draft_sampling='sampled'"),
+        (SpecConfig("draft_model", 2, draft_sampling="greedy", draft_temperature=0.5), "draft_temperature=0.5"),
+        (SpecConfig("ngram", 2, ngram_min=2, ngram_max=3), "speculation.ngram_min=2"),
+    ],
+)
+def test_speculation_sglang_cannot_run_as_specified_is_refused_naming_the_knob(tmp_path, spec, needle):
+    with pytest.raises(InvalidInput) as info:
+        speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_standalone_needs_a_draft_dir_and_the_targets_vocab_size(tmp_path):
+    spec = SpecConfig("draft_model", 1, draft_sampling="greedy")
+    with pytest.raises(InvalidInput, match="draft_dir=None"):
+        speculative_kwargs(spec, draft_dir=None, target_vocab=6, draft_vocab=6)
+    with pytest.raises(InvalidInput, match="draft vocab_size=8.*vocab_size=6"):
+        speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6, draft_vocab=8)
+
+
+def test_speculation_off_maps_to_nothing():
+    assert speculative_kwargs(None) == {}
+
+
+def test_every_mapped_key_and_default_is_a_server_args_field_of_sglang(server_args_fields, tmp_path):
+    specs = [
+        SpecConfig("ngram", 2), SpecConfig("ngram_tree", 2, tree_topk=2, tree_budget=3),
+        SpecConfig("draft_model", 2, draft_sampling="greedy"), SpecConfig("eagle_tree", 2, draft_sampling="greedy"),
+    ]
+    keys = set(DEFAULT_SETTINGS) | {"model_path", "dtype", "context_length", "random_seed"}
+    for spec in specs:
+        keys |= set(speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6, draft_vocab=6))
+    assert unknown_server_args(sorted(keys), server_args_fields) == []
+    # Settings a user is told about in the module docstring exist too.
+    for k in ("enable_deterministic_inference", "disable_overlap_schedule", "speculative_ngram_capacity",
+              "speculative_ngram_match_type", "max_running_requests"):
+        assert k in server_args_fields
+
+
+def test_unknown_server_args_names_keys_this_sglang_lacks(server_args_fields):
+    assert unknown_server_args(["attention_backend", "no_such_knob", "speculative_ngram_min_match_window_size"], server_args_fields) == [
+        "no_such_knob", "speculative_ngram_min_match_window_size",
+    ]
+
+
+# ----------------------------------------------------------------------------- sampling mapping
+
+
+def _sp(params: SP, seed=None, **kw) -> dict:
+    opts = {"vocab_size": V, "max_model_len": 64, **kw}
+    return sampling_params_dict(Request(PROMPT, params, seed), **opts)
+
+
+def test_sampling_params_map_every_supported_field():
+    d = _sp(SP(temperature=0.7, top_k=3, top_p=0.9, min_p=0.1, repetition_penalty=1.5, frequency_penalty=0.5,
+               presence_penalty=-0.5, max_tokens=5, stop_token_ids=(3, 1), logit_bias={2: -1.0, 0: 2.5}), seed=11)
+    assert d == {
+        "max_new_tokens": 5, "temperature": 0.7, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "repetition_penalty": 1.5,
+        "frequency_penalty": 0.5, "presence_penalty": -0.5, "min_new_tokens": 0, "ignore_eos": False,
+        "stop_token_ids": [1, 3], "logit_bias": {"2": -1.0, "0": 2.5}, "sampling_seed": 11,
+    }
+
+
+def test_sampling_keys_are_sglang_sampling_params_fields(sampling_fields):
+    d = _sp(SP(stop_token_ids=(1,), logit_bias={1: 1.0}), seed=3)
+    assert set(d) <= sampling_fields
+
+
+def test_greedy_is_temperature_zero_and_top_k_off_is_minus_one():
+    d = _sp(SP(temperature=5e-6))  # below our greedy epsilon, above SGLang's (1e-6)
+    assert d["temperature"] == 0.0 and d["top_k"] == -1
+    assert _sp(SP(top_k=0))["top_k"] == -1
+
+
+def test_min_tokens_needs_the_tokenizer():
+    with pytest.raises(InvalidInput, match="skip_tokenizer_init"):
+        _sp(SP(min_tokens=2))
+    assert _sp(SP(min_tokens=2), tokenizer=True)["min_new_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    "params,kw,needle",
+    [
+        (SP(allowed_token_ids=(0, 1)), {}, "allowed_token_ids"),
+        (SP(bad_words=((1,),)), {}, "bad_words"),
+        (SP(thinking_budget=1, think_end_token_id=2), {}, "thinking_budget"),
+        (SP(regex="a+"), {}, "regex"),
+        (SP(choice=("ab",)), {}, "choice"),
+        (SP(min_p=0.2), {"deterministic": True}, "min_p"),
+        (SP(ignore_eos=True, stop_token_ids=(3,)), {}, "ignore_eos"),
+        (SP(repetition_penalty=2.5), {}, "repetition_penalty"),
+        (SP(max_tokens=61), {}, "max_tokens=61"),
+        (SP(stop_token_ids=(7,)), {}, "stop_token_ids entry=7"),
+    ],
+)
+def test_requests_sglang_would_refuse_or_run_differently_are_refused(params, kw, needle):
+    with pytest.raises(InvalidInput) as info:
+        _sp(params, **kw)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_bad_prompts_and_seeds_are_refused():
+    with pytest.raises(InvalidInput, match="prompt"):
+        sampling_params_dict(Request((1, 9), SP()), vocab_size=V, max_model_len=64)
+    with pytest.raises(InvalidInput, match="seed=-1"):
+        _sp(SP(), seed=-1)
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def test_outputs_keep_their_stop_token_and_finish_reasons_are_mapped():
+    stop = completion_from_output({"output_ids": [1, 5], "meta_info": {"finish_reason": {"type": "stop", "matched": 5}}}, speculation=False)
+    assert stop.token_ids == (1, 5) and stop.finish_reason == "stop" and stop.num_draft_tokens is None
+    # A stop token left out by some SGLang version is put back (the oracle's convention).
+    assert completion_from_output({"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop", "matched": 5}}},
+                                  speculation=False).token_ids == (1, 5)
+    length = completion_from_output({"output_ids": [1, 2, 3], "meta_info": {"finish_reason": {"type": "length", "length": 3}}},
+                                    speculation=False)
+    assert length.finish_reason == "length" and length.token_ids == (1, 2, 3)
+
+
+def test_acceptance_statistics_come_from_meta_info_when_speculating():
+    meta = {"finish_reason": {"type": "length", "length": 3}, "spec_verify_ct": 2, "spec_num_proposed_drafts": 6,
+            "spec_num_correct_drafts": 2}
+    c = completion_from_output({"output_ids": [1, 2, 3], "meta_info": meta}, speculation=True)
+    assert (c.num_draft_tokens, c.num_accepted_tokens) == (6, 2)
+    # No verify step (e.g. one output token): zero, not missing.
+    c = completion_from_output({"output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}}}, speculation=True)
+    assert (c.num_draft_tokens, c.num_accepted_tokens) == (0, 0)
+
+
+def test_aborted_requests_raise_instead_of_counting_as_samples():
+    with pytest.raises(RuntimeError, match="aborted"):
+        completion_from_output({"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "oom"}}}, speculation=False)
+
+
+# ----------------------------------------------------------------------------- config validation (no SGLang needed)
+
+
+def _config(tmp_path, spec=None, draft_table=None, dtype="bfloat16", **settings) -> EngineConfig:
+    case = Case(T, PROMPT, SP(max_tokens=3), eos_token_id=EOS, spec=spec, draft_table=draft_table)
+    ck = materialize(case, tmp_path, dtype=dtype)
+    return EngineConfig(target_dir=ck.target_dir, draft_dir=ck.draft_dir, speculation=spec, dtype=dtype,
+                        max_model_len=48, settings=settings)
+
+
+def test_check_config_builds_engine_kwargs_from_defaults_config_and_settings(tmp_path):
+    spec = SpecConfig("ngram", 2)
+    kw = SGLangEngine(mem_fraction_static=0.2).check_config(_config(tmp_path, spec, speculative_ngram_capacity=1000, shutdown_timeout_s=3))
+    assert kw["attention_backend"] == "triton" and kw["sampling_backend"] == "pytorch" and kw["skip_tokenizer_init"] is True
+    assert kw["disable_cuda_graph"] is True and kw["max_total_tokens"] == 65536
+    assert kw["mem_fraction_static"] == 0.2  # constructor default over the adapter default
+    assert kw["context_length"] == 48 and kw["dtype"] == "bfloat16" and Path(kw["model_path"]).parent == tmp_path
+    assert kw["speculative_algorithm"] == "NGRAM" and kw["speculative_ngram_capacity"] == 1000
+    assert "shutdown_timeout_s" not in kw
+
+
+def test_site_settings_come_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(SETTINGS_ENV, json.dumps({"disable_cuda_graph": False, "skip_tokenizer_init": False}))
+    eng = SGLangEngine()
+    assert eng.check_config(_config(tmp_path))["disable_cuda_graph"] is False
+    assert "min_tokens" in eng.capabilities().sampling  # a tokenizer: min_new_tokens works
+    monkeypatch.setenv(SETTINGS_ENV, "[1, 2]")
+    with pytest.raises(InvalidInput, match=SETTINGS_ENV):
+        SGLangEngine()
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        ({"dtype": "float32"}, "dtype='float32'"),
+        ({"spec": None, "speculative_algorithm": "NGRAM"}, "settings['speculative_algorithm']"),
+        ({"spec": SpecConfig("ngram", 2), "speculative_num_draft_tokens": 8}, "settings['speculative_num_draft_tokens']"),
+        ({"shutdown_timeout_s": 0}, "shutdown_timeout_s"),
+        ({"env": ["A=1"]}, "settings['env']"),
+    ],
+)
+def test_bad_configs_are_refused_before_anything_starts(tmp_path, kw, needle):
+    kw = dict(kw)
+    spec = kw.pop("spec", None)
+    dtype = kw.pop("dtype", "bfloat16")
+    cfg = _config(tmp_path, spec, dtype=dtype if dtype != "float32" else "bfloat16", **kw)
+    if dtype == "float32":
+        cfg = EngineConfig(target_dir=cfg.target_dir, dtype="float32")
+    eng = SGLangEngine()
+    with pytest.raises(InvalidInput) as info:
+        eng.start(cfg)
+    assert needle in str(info.value), str(info.value)
+    assert not eng.started
+
+
+def test_wider_draft_is_refused_before_start(tmp_path):
+    spec = SpecConfig("draft_model", 2, draft_sampling="greedy")
+    wide = np.zeros((V + 2, V + 2), np.float32)  # a wider draft is written square at its own width
+    cfg = _config(tmp_path, spec, draft_table=wide)
+    with pytest.raises(InvalidInput, match=f"draft vocab_size={V + 2}"):
+        SGLangEngine().start(cfg)
+
+
+def test_narrower_draft_is_written_at_the_targets_width_and_accepted(tmp_path):
+    spec = SpecConfig("draft_model", 2, draft_sampling="greedy")
+    narrow = T[:, :4]  # [V, 4]: padded with masked columns to [V, V]
+    kw = SGLangEngine().check_config(_config(tmp_path, spec, draft_table=narrow))
+    assert kw["speculative_algorithm"] == "STANDALONE" and Path(kw["speculative_draft_model_path"]).is_dir()
+
+
+def test_missing_target_checkpoint_is_refused(tmp_path):
+    with pytest.raises(InvalidInput, match="target_dir="):
+        SGLangEngine().start(EngineConfig(target_dir=tmp_path / "absent", dtype="bfloat16"))
+
+
+def test_capabilities_follow_the_settings():
+    caps = SGLangEngine().capabilities()
+    assert set(caps.methods) == {"ngram", "ngram_tree", "draft_model", "eagle_tree"}
+    assert caps.profile == "sglang" and caps.dtypes == ("bfloat16", "float16") and caps.draft_vocab == "narrower"
+    assert caps.restart_in_process is False
+    assert caps.spec_knobs["draft_sampling"] == ("greedy",) and caps.spec_knobs["verify"] == ("token",)
+    assert caps.spec_knobs["ngram_min"] == (1,)
+    assert {"temperature", "top_k", "top_p", "min_p", "logit_bias", "repetition_penalty", "stop_token_ids"} <= caps.sampling
+    assert not caps.sampling & {"min_tokens", "allowed_token_ids", "bad_words", "regex", "choice", "thinking_budget"}
+    assert caps.sampling_with_speculation == caps.sampling
+    det = SGLangEngine(enable_deterministic_inference=True).capabilities()
+    assert "min_p" not in det.sampling
+
+
+def test_generate_before_start_is_an_error():
+    with pytest.raises(RuntimeError, match="start"):
+        SGLangEngine().generate([Request(PROMPT, SP())])
+
+
+# ----------------------------------------------------------------------------- isolation: non-daemon children
+
+
+def _sleep_forever() -> None:  # pragma: no cover - runs in a grandchild
+    while True:
+        time.sleep(60)
+
+
+class ChildProcessEngine(ReferenceEngine):
+    """The reference engine plus a multiprocessing child, as SGLang's Engine starts its scheduler."""
+
+    name = "child-process"
+
+    def start(self, config: EngineConfig) -> None:
+        super().start(config)
+        if getattr(self, "_helper", None) is None:
+            self._helper = mp.get_context("spawn").Process(target=_sleep_forever)
+            self._helper.start()
+
+    def helper_pid(self) -> int:
+        return self._helper.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_dead(pids, timeout: float = 15.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sglang_runs_in_a_non_daemon_child_and_others_stay_daemonic():
+    assert IsolatedEngine("sglang").daemon is False
+    assert IsolatedEngine("reference").daemon is True
+    assert IsolatedEngine("reference", daemon=False).daemon is False
+
+
+def test_an_engine_that_starts_processes_fails_in_a_daemon_child_and_runs_in_a_non_daemon_one(tmp_path):
+    case = Case(T, PROMPT, SP(max_tokens=2), eos_token_id=EOS)
+    cfg = engine_config(case, tmp_path)
+    with IsolatedEngine("test_engine_sglang:ChildProcessEngine", daemon=True, log_dir=tmp_path / "logs") as eng:
+        with pytest.raises(EngineCrash, match="daemonic processes are not allowed to have children"):
+            eng.start(cfg)
+    eng = IsolatedEngine("test_engine_sglang:ChildProcessEngine", log_dir=tmp_path / "logs", daemon=False)
+    eng.start(cfg)
+    helper = eng.call("helper_pid")
+    assert _alive(helper)
+    assert len(eng.generate([Request(PROMPT, case.params)] * 3)) == 3
+    with pytest.raises(AttributeError, match="no_such_method"):
+        eng.call("no_such_method")
+    assert len(eng.generate([Request(PROMPT, case.params)])) == 1  # a missing method does not kill the engine
+    child = eng.pid
+    eng.close()
+    assert _wait_dead([child, helper]), "the engine process or its helper outlived close()"
+
+
+ORPHAN_SCRIPT = """
+import sys, time
+from specfuzz.case import Case
+from specfuzz.engines.isolation import IsolatedEngine
+from specfuzz.fuzz.run import engine_config
+from specfuzz.oracle.params import SamplingParams
+import numpy as np
+case = Case(np.zeros((4, 4), np.float32), (1, 2), SamplingParams(max_tokens=2), eos_token_id=3)
+eng = IsolatedEngine("test_engine_sglang:ChildProcessEngine", daemon=False, log_dir=sys.argv[1])
+eng.start(engine_config(case, sys.argv[1]))
+print(eng.pid, eng.call("helper_pid"), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_nothing_outlives_a_caller_that_dies_without_closing(tmp_path, sig):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        child, helper = (int(x) for x in line.split())
+        assert _alive(child) and _alive(helper)
+        proc.send_signal(sig)
+        proc.wait(30)
+        assert _wait_dead([child, helper]), "the engine process or its helper outlived the killed caller"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# ----------------------------------------------------------------------------- the real engine (CUDA)
+
+
+def _gpu_available() -> bool:
+    if importlib.util.find_spec("sglang") is None:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not _gpu_available(), reason="needs CUDA and SGLang")
+
+ALPHA = 1e-3
+N_OFF = 3000
+N_ON = 3000
+N_GREEDY = 200
+DTYPE = "bfloat16"
+
+OFF_SETTINGS = {
+    "temperature-1": SP(max_tokens=3),
+    "temperature-0.5": SP(max_tokens=3, temperature=0.5),
+    "top_k": SP(max_tokens=3, top_k=3),
+    "top_p": SP(max_tokens=3, top_p=0.7),
+    "top_k+top_p": SP(max_tokens=3, top_k=3, top_p=0.6),
+    "min_p": SP(max_tokens=3, min_p=0.3),
+    "stop_token": SP(max_tokens=4, stop_token_ids=(3,)),
+    "repetition_penalty": SP(max_tokens=3, repetition_penalty=1.5),
+    "frequency_penalty": SP(max_tokens=4, frequency_penalty=0.75),
+    "presence_penalty": SP(max_tokens=4, presence_penalty=1.25),
+    "logit_bias": SP(max_tokens=3, logit_bias={0: 1.5, 2: -2.0}),
+    "ignore_eos": SP(max_tokens=3, ignore_eos=True),
+}
+
+
+def _case(params: SP, **kw) -> Case:
+    return Case(T, PROMPT, params, eos_token_id=EOS, **kw)
+
+
+@pytest.fixture(scope="module")
+def off_engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sglang-off")
+    eng = IsolatedEngine("sglang", log_dir=root / "logs")
+    yield eng, root
+    eng.close()
+
+
+def _run(eng, root, case, n, *, speculation=False, batch=1000):
+    return run_case(eng, case, ckpt_root=root, alpha=ALPHA, max_samples=n, batch=batch, profile="sglang",
+                    dtype=DTYPE, speculation=speculation)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name", list(OFF_SETTINGS))
+def test_gpu_speculation_off_agrees_with_mu(off_engine, name):
+    eng, root = off_engine
+    run = _run(eng, root, _case(OFF_SETTINGS[name]), N_OFF)
+    assert run.crash is None, run.crash
+    assert run.judgement.verdict.status != "fail", run.judgement.verdict.evidence
+    assert run.n == N_OFF
+
+
+@gpu
+@needs_gpu
+def test_gpu_greedy_without_ties_is_the_argmax(off_engine):
+    eng, root = off_engine
+    case = _case(SP(max_tokens=3, temperature=0.0))  # the argmax path from PROMPT has no tie in T
+    run = _run(eng, root, case, N_GREEDY)
+    assert run.judgement.verdict.status == "pass", run.judgement.verdict.evidence
+    assert len(run.counts) == 1
+
+
+@gpu
+@needs_gpu
+def test_gpu_logprobs_reproduce_the_table(off_engine):
+    eng, root = off_engine
+    eng.start(engine_config(_case(SP()), root, dtype=DTYPE, speculation=False))
+    report = eng.call("logits_match_table", list(range(V)) + [2, 4])
+    assert report.ok, report.to_json()
+    assert set(report.contexts) == set(range(V))
+
+
+@gpu
+@needs_gpu
+def test_gpu_outputs_include_their_stop_token(off_engine):
+    eng, root = off_engine
+    eng.start(engine_config(_case(SP()), root, dtype=DTYPE, speculation=False))
+    outs = eng.generate([Request(PROMPT, SP(max_tokens=4, stop_token_ids=(3,)))] * 300)
+    for o in outs:
+        assert o.finish_reason in ("stop", "length")
+        if o.finish_reason == "stop":
+            assert o.token_ids[-1] in (3, EOS) and all(t not in (3, EOS) for t in o.token_ids[:-1])
+        else:
+            assert len(o.token_ids) == 4
+
+
+SPEC_CASES = [
+    ("ngram-K1", SpecConfig("ngram", 1, ngram_max=2), None),
+    ("ngram-K3", SpecConfig("ngram", 3, ngram_max=3), None),
+    ("ngram_tree", SpecConfig("ngram_tree", 2, ngram_max=2, tree_topk=2, tree_budget=4), None),
+    ("standalone-identical-K3", SpecConfig("draft_model", 3, draft_sampling="greedy"), T),
+    ("standalone-narrower-K2", SpecConfig("draft_model", 2, draft_sampling="greedy"), T[:, :4]),
+    ("standalone-tree", SpecConfig("eagle_tree", 2, draft_sampling="greedy", tree_topk=2, tree_budget=4), T),
+]
+
+
+@pytest.fixture(scope="module", params=SPEC_CASES, ids=[s[0] for s in SPEC_CASES])
+def spec_engine(request, tmp_path_factory):
+    name, spec, draft = request.param
+    root = tmp_path_factory.mktemp(f"sglang-{name}")
+    eng = IsolatedEngine("sglang", log_dir=root / "logs")
+    yield name, eng, root, _case(SP(max_tokens=3), spec=spec, draft_table=draft)
+    eng.close()
+
+
+@gpu
+@needs_gpu
+def test_gpu_speculation_on_greedy_agrees_with_mu(spec_engine):
+    name, eng, root, case = spec_engine
+    case = case.with_(params=SP(max_tokens=3, temperature=0.0))
+    run = _run(eng, root, case, N_GREEDY, speculation=True, batch=200)
+    assert run.crash is None, run.crash
+    assert run.judgement.verdict.status != "fail", f"{name}: {run.judgement.verdict.evidence}"
+
+
+@gpu
+@needs_gpu
+def test_gpu_speculation_on_random_sampling_agrees_with_mu(spec_engine):
+    name, eng, root, case = spec_engine
+    run = _run(eng, root, case, N_ON, speculation=True)
+    assert run.crash is None, run.crash
+    assert run.proposed > 0
+    assert run.judgement.verdict.status != "fail", f"{name}: {run.judgement.verdict.evidence}"

