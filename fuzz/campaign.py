@@ -112,6 +112,15 @@ class Campaign:
         state = self._load_state()
         self.spender = AlphaSpender.from_json(state["spender"]) if state else AlphaSpender(config.alpha)
         self.search_index = state.get("searches", 0) if state else 0
+        # Totals over every run of this campaign state (a campaign resumed on another
+        # machine, lease after lease, adds to them): seconds, and per speculation method
+        # the families, patterns and samples tried.
+        self.totals: dict = dict(state.get("totals") or {}) if state else {}
+        self.totals.setdefault("seconds", 0.0)
+        self.totals.setdefault("runs", 0)
+        self.totals.setdefault("methods", {})
+        self.totals["runs"] += 1
+        self._t_saved = time.monotonic()
         self.known: set[str] = {e.signature for _, e in self.corpus.entries() if isinstance(e, Entry)}
 
     # -- state ---------------------------------------------------------------------
@@ -126,11 +135,22 @@ class Campaign:
         return d
 
     def _save_state(self) -> None:
+        now = time.monotonic()
+        self.totals["seconds"] = round(self.totals["seconds"] + (now - self._t_saved), 1)
+        self._t_saved = now
         atomic_write_json(self.state_path, {
             "schema_version": STATE_SCHEMA_VERSION,
             "spender": json.loads(self.spender.to_json()),
             "searches": self.search_index,
+            "totals": self.totals,
         })
+
+    def _count(self, cases: list[Case], runs: list[CaseRun], speculation: bool) -> None:
+        method = cases[0].spec.method if speculation and cases[0].spec is not None else "off"
+        m = self.totals["methods"].setdefault(method, {"families": 0, "patterns": 0, "samples": 0})
+        m["families"] += 1
+        m["patterns"] += len(cases)
+        m["samples"] += sum(r.n for r in runs)
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
@@ -218,6 +238,7 @@ class Campaign:
                 self.spender.next()
             self.stats.cases += 1
             self.stats.patterns += len(cases)
+            self._count(cases, runs, speculation)
             self._save_state()
             crash = next((r.crash for r in runs if r.crash is not None), None)
             if crash is not None:
