@@ -174,6 +174,9 @@ def bench_vllm(n_requests: int = 2000, repeats: int = 7, out: Path | None = RESU
                 "raw_seconds": [round(x, 4) for x in tr],
             }
             results["modes"][name] = row
+            if out is not None:  # after every mode: a run cut short keeps what it measured
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(results, indent=1) + "\n")
             print(
                 f"vllm {name:15s} start {start_s:5.1f} s  adapter {row['adapter_samples_per_s']:8.1f}/s  "
                 f"raw {row['raw_samples_per_s']:8.1f}/s  overhead {row['overhead_pct']:+.1f}% "

@@ -70,6 +70,10 @@ class Capabilities:
     restart_in_process: bool = True
     # SamplingParams fields honoured while speculating, when fewer than ``sampling``.
     sampling_with_speculation: frozenset[str] | None = None
+    # Whether drafts are proposed for the first output token. Engines that sample it in
+    # the prefill step (vLLM, SGLang) speculate from the second token on, so strategies
+    # give their speculative cases max_tokens >= 2.
+    speculates_first_token: bool = True
 
 
 class Engine(abc.ABC):
@@ -98,3 +102,41 @@ class Engine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the engine's resources."""
+
+
+def _cpu_model() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_details() -> dict[str, str]:
+    """Device, driver, CUDA runtime and compute capability, for every corpus entry."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": f"cpu {_cpu_model()}"}
+    out = {
+        "device": f"cuda {torch.cuda.get_device_name(0)}",
+        "cuda_runtime": str(torch.version.cuda),
+        "compute_capability": ".".join(str(x) for x in torch.cuda.get_device_capability(0)),
+        "gpu_memory_gib": f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f}",
+    }
+    try:
+        import subprocess
+
+        drv = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip().splitlines()
+        if drv:
+            out["driver"] = drv[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out

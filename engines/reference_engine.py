@@ -81,8 +81,10 @@ class ReferenceEngine(Engine):
         spec = config.speculation
         self._draft = None
         if spec is not None:
-            if spec.method not in METHODS:
-                raise InvalidInput("speculation method", spec.method, f"one of {METHODS} for the reference engine")
+            own = self.capabilities().methods
+            if spec.method not in own:
+                # eagle/eagle3 cases have EAGLE-head checkpoints; their draft_model twin runs here.
+                raise InvalidInput("speculation method", spec.method, f"one of {own} for the reference engine")
             if spec.uses_draft_model:
                 if config.draft_dir is None:
                     raise InvalidInput("draft_dir", None, f"a draft checkpoint for method {spec.method!r}")

@@ -90,8 +90,12 @@ Speculation (``SpecConfig`` -> ``ServerArgs``)
   with the round's last token, the same penalty for every draft position, and the
   min_new_tokens counter counting rounds). SGLang refuses none of these, so
   ``sampling_with_speculation`` equals ``sampling``.
-* ``eagle`` / ``eagle3`` -> ``EAGLE`` / ``EAGLE3`` with the same knobs: refused until
-  specfuzz writes EAGLE head checkpoints (:data:`HEAD_METHODS`).
+* ``eagle`` / ``eagle3`` -> ``EAGLE`` / ``EAGLE3`` chains (``speculative_draft_model_path`` =
+  the head, topk 1, ``num_draft_tokens = K + 1``; ``draft_sampling="sampled"`` ->
+  ``speculative_use_rejection_sampling=True``, SGLang's only sampled drafter): mapped but
+  refused while :data:`HEADS_ENABLED` is False, because specfuzz's heads
+  (``tablegen.eagle``) follow vLLM's layouts and SGLang's ``models/llama_eagle*.py`` have
+  not been checked against them.
 * Acceptance statistics per request from ``meta_info``: ``spec_num_proposed_drafts``
   (``spec_verify_ct * (num_draft_tokens - 1)``, padding included) and
   ``spec_num_correct_drafts`` (``TokenizerManager._calculate_spec_decoding_metrics``).
@@ -111,6 +115,13 @@ returns early), which the oracle's stopping rule cannot express: the combination
 refused. Outputs: ``output_ids`` already end with the matched stop token
 (``Req.output_ids_through_stop``); ``meta_info["finish_reason"]`` is ``{"type": "stop",
 "matched": id}`` or ``{"type": "length", ...}``; an "abort" raises.
+
+Penalties under SGLang's default overlap scheduler: ``ScheduleBatch.prepare_for_decode``
+feeds the penalizers from ``req.output_ids`` before the previous step's result has been
+processed (``Scheduler.event_loop_overlap``), so the first decode step penalises the last
+prompt token and later steps miss the newest output token. The "sglang" profile models
+the documented semantics; expect the calibration's "penalties" setting to show it
+(``settings={"disable_overlap_schedule": True}`` takes the synchronous loop).
 
 Per-request seeds: ``Request.seed`` is sent as ``sampling_seed``, which SGLang honours only
 with ``enable_deterministic_inference=True`` (``SamplingBatchInfo.from_schedule_batch``;
@@ -138,17 +149,19 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request
+from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, gpu_details
 from specfuzz.engines.vllm_engine import LogitsReport
 from specfuzz.errors import InvalidInput
-from specfuzz.oracle.params import GREEDY_TEMPERATURE_EPS, SamplingParams
+from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import ENGINE_METHODS, SpecConfig
 
 # Speculation methods this adapter maps onto SGLang (and for which specfuzz writes checkpoints).
 METHODS: tuple[str, ...] = ("draft_model", "ngram", "eagle_tree", "ngram_tree")
-# Mapped (EAGLE / EAGLE3 with speculative_draft_model_path) but refused until specfuzz
-# writes EAGLE head checkpoints.
+# EAGLE heads (EngineConfig.draft_dir is the head checkpoint): mapped onto EAGLE / EAGLE3
+# below but refused while HEADS_ENABLED is False: specfuzz's heads follow vLLM's layouts
+# (tablegen.eagle) and have not been run through SGLang's llama_eagle*.py workers yet.
 HEAD_METHODS: tuple[str, ...] = ("eagle", "eagle3")
+HEADS_ENABLED = False
 ALGORITHMS: dict[str, str] = {
     "ngram": "NGRAM", "ngram_tree": "NGRAM",
     "draft_model": "STANDALONE", "eagle_tree": "STANDALONE",
@@ -188,7 +201,7 @@ _OWN_SETTINGS = ("shutdown_timeout_s", "env")
 MAPPED_SPEC_KEYS = frozenset(
     {
         "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
-        "speculative_num_draft_tokens", "speculative_ngram_max_bfs_breadth",
+        "speculative_num_draft_tokens", "speculative_ngram_max_bfs_breadth", "speculative_use_rejection_sampling",
     }
 )
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
@@ -222,13 +235,13 @@ def speculative_kwargs(spec: SpecConfig | None, *, draft_dir: Path | None = None
         return {}
     if not isinstance(spec, SpecConfig):
         raise InvalidInput("speculation", spec, "None or a SpecConfig")
-    if spec.method in HEAD_METHODS:
+    if spec.method in HEAD_METHODS and not HEADS_ENABLED:
         raise InvalidInput(
             "speculation.method", spec.method,
-            f"one of {METHODS}: SGLang's {ALGORITHMS[spec.method]} needs an EAGLE head checkpoint "
-            "(speculative_draft_model_path), which specfuzz does not write yet",
+            f"one of {METHODS}: SGLang's {ALGORITHMS[spec.method]} needs an EAGLE head checkpoint in SGLang's layout "
+            "(speculative_draft_model_path); specfuzz's heads follow vLLM's and are not validated with SGLang yet",
         )
-    if spec.method not in METHODS:
+    if spec.method not in METHODS + (HEAD_METHODS if HEADS_ENABLED else ()):
         raise InvalidInput("speculation.method", spec.method, f"one of {METHODS} (the SGLang adapter maps these; of {ENGINE_METHODS})")
     if spec.inject is not None:
         raise InvalidInput("speculation.inject", spec.inject, "None (bugs are injected into the reference sampler only, not into SGLang)")
@@ -252,6 +265,21 @@ def speculative_kwargs(spec: SpecConfig | None, *, draft_dir: Path | None = None
             "speculative_ngram_max_trie_depth": int(spec.ngram_max) + K,
             "speculative_num_steps": max(1, (nodes + 1) // breadth),
         }
+    if algo in ("EAGLE", "EAGLE3"):
+        # A chain from an EAGLE head (the draft vocabulary is the head's: no equality check).
+        # SGLang samples the draft (and verifies against q) only with rejection sampling, topk=1.
+        if spec.draft_temperature is not None:
+            raise InvalidInput("speculation.draft_temperature", spec.draft_temperature, "None (SGLang scales the draft by the request's temperature)")
+        if draft_dir is None:
+            raise InvalidInput("draft_dir", None, f"an EAGLE head checkpoint folder for method {spec.method!r}")
+        return {
+            "speculative_algorithm": algo,
+            "speculative_draft_model_path": str(draft_dir),
+            "speculative_num_steps": K,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": K + 1,
+            "speculative_use_rejection_sampling": spec.draft_sampling == "sampled",
+        }
     # STANDALONE: a draft checkpoint proposing top-k deterministically.
     if spec.draft_sampling != "greedy":
         raise InvalidInput(
@@ -274,6 +302,11 @@ def speculative_kwargs(spec: SpecConfig | None, *, draft_dir: Path | None = None
         topk, nodes = 1, steps
     else:
         topk, steps = int(spec.tree_topk), K
+        if target_vocab is not None and topk > target_vocab:
+            raise InvalidInput(
+                "speculation.tree_topk", topk,
+                f"at most the vocab_size={target_vocab} (SGLang's drafter takes torch.topk of the draft distribution)",
+            )
         nodes = min(int(spec.tree_budget), topk + (K - 1) * topk * topk)
     return {
         "speculative_algorithm": algo,
@@ -512,24 +545,21 @@ class SGLangEngine(Engine):
             restart_in_process=False,
             # SGLang refuses none of them with speculation on (what it does with them: module docstring).
             sampling_with_speculation=frozenset(sampling),
+            speculates_first_token=False,  # the prefill (extend) step samples the first token
         )
 
     def version(self) -> Mapping[str, str]:
         import sglang
         import torch
 
-        if torch.cuda.is_available():
-            device = f"cuda {torch.cuda.get_device_name(0)}"
-        else:
-            device = f"cpu {platform.processor() or platform.machine()}"
         out = {
             "name": "sglang",
             "version": str(sglang.__version__),
             "torch": str(torch.__version__),
-            "device": device,
             "python": platform.python_version(),
             "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
         }
+        out.update(gpu_details())  # device; on CUDA driver, runtime, compute capability, memory
         with contextlib.suppress(Exception):
             from importlib.metadata import version as _pkg_version
 
@@ -638,6 +668,11 @@ class SGLangEngine(Engine):
         before = _child_pids()
         t0 = time.perf_counter()
         with _environ(env):
+            # As sglang.Engine does before building ServerArgs (plugins may hook its __post_init__).
+            with contextlib.suppress(ImportError):
+                from sglang.srt.plugins import load_plugins
+
+                load_plugins()
             try:
                 server_args = ServerArgs(**kwargs)
             except (ValueError, TypeError, NotImplementedError, AssertionError) as exc:

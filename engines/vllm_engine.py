@@ -121,7 +121,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request
+from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, gpu_details
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import GREEDY_TEMPERATURE_EPS, SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
@@ -247,31 +247,6 @@ def _is_cpu_platform_cheap() -> bool:
         return True
 
 
-def gpu_details() -> dict[str, str]:
-    """Device, driver, CUDA runtime and compute capability, for every corpus entry."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return {"device": f"cpu {_cpu_model()}"}
-    out = {
-        "device": f"cuda {torch.cuda.get_device_name(0)}",
-        "cuda_runtime": str(torch.version.cuda),
-        "compute_capability": ".".join(str(x) for x in torch.cuda.get_device_capability(0)),
-        "gpu_memory_gib": f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f}",
-    }
-    try:
-        import subprocess
-
-        drv = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout.strip().splitlines()
-        if drv:
-            out["driver"] = drv[0].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return out
-
 
 SETTINGS_ENV = "SPECFUZZ_VLLM_SETTINGS"
 
@@ -283,6 +258,17 @@ def _engine_args_accept(name: str) -> bool:
     from vllm.engine.arg_utils import EngineArgs
 
     return any(f.name == name for f in dataclasses.fields(EngineArgs))
+
+
+def _llm_accepts(name: str) -> bool:
+    """Whether ``vllm.LLM(...)`` takes a keyword: an EngineArgs field or one of LLM's own."""
+    if _engine_args_accept(name):
+        return True
+    import inspect
+
+    from vllm import LLM
+
+    return name in inspect.signature(LLM.__init__).parameters
 
 
 class VLLMEngine(Engine):
@@ -343,6 +329,7 @@ class VLLMEngine(Engine):
             # config needs a fresh process when the engine core runs in-process.
             restart_in_process=False,
             sampling_with_speculation=frozenset(sampling - NOT_WITH_SPECULATION),
+            speculates_first_token=False,  # the prefill step samples the first token
         )
 
     @staticmethod
@@ -523,7 +510,7 @@ class VLLMEngine(Engine):
         }
         # Raw logits make calibration bit-exact; Model Runner V2 supports raw logprobs only.
         kwargs["logprobs_mode"] = "raw_logprobs" if runner == "v2" else "raw_logits"
-        unknown = sorted(k for k in settings if k not in _OWN_SETTINGS and not _engine_args_accept(k))
+        unknown = sorted(k for k in settings if k not in _OWN_SETTINGS and not _llm_accepts(k))
         if unknown:
             raise InvalidInput("engine setting", unknown[0], "an own setting (" + ", ".join(_OWN_SETTINGS) + ") or a field of this vLLM version's EngineArgs")
         with _environ(env):

@@ -198,6 +198,7 @@ class Campaign:
             sampling=(getattr(caps, "sampling_with_speculation", None) or caps.sampling) if speculation else caps.sampling,
             draft_vocab=caps.draft_vocab,
             speculation=speculation, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
+            min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
         )
 
     def _search(self, strategy, search_seed: int) -> tuple[list[Case], CaseRun, CaseRun] | None:

@@ -785,6 +785,15 @@ class SGLangProfile(Profile):
     Not modelled (effects below what sampling can detect): in a batch where any request
     uses top-k/top-p/min-p, every request goes through the sorted path, whose float32
     cumulative sum can exceed ``top_p = 1`` before tokens of probability below ~1e-7.
+
+    Read in the source and deliberately not modelled (an engine deviating from its
+    documented semantics is a calibration finding, not a profile): under the overlap
+    scheduler (SGLang's default, ``Scheduler.event_loop_overlap``) the penalizers are fed
+    in ``ScheduleBatch.prepare_for_decode`` before the previous step's result is
+    processed, so ``cumulate_penalty_output_tokens`` reads ``req.output_ids`` one step
+    late: the first decode step counts the last *prompt* token (``origin_input_ids[-1]``)
+    and every later step misses the newest output token. ``disable_overlap_schedule=True``
+    takes the synchronous loop, which feeds them the right tokens.
     """
 
     name = "sglang"

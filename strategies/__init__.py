@@ -151,13 +151,17 @@ def cases(
     draft_vocab: str = "any",
     speculation: bool = True,
     spec_knobs: dict | None = None,
+    min_tokens_speculating: int = 1,
 ) -> Case:
     """A whole case: target table, prompt, request, speculation and (if needed) a draft."""
     V = draw(st.integers(2, max_vocab))
     target = draw(tables(V, V))
     eos = draw(st.none() | st.integers(0, V - 1))
     prompt = draw(prompts(V))
-    mt = draw(st.integers(1, max_tokens))
+    # Engines that sample the first token in the prefill step only speculate from the
+    # second token on: a shorter output never reaches their speculative path.
+    lo = min(max_tokens, min_tokens_speculating) if speculation else 1
+    mt = draw(st.integers(lo, max_tokens))
     params = draw(sampling_params(V, mt, eos, sampling))
     if not speculation:
         return Case(target, prompt, params, eos_token_id=eos)
@@ -194,7 +198,8 @@ def case_families(draw, max_patterns: int = 3, **kw) -> list[Case]:
     V = first.vocab_size
     out = [first]
     for _ in range(draw(st.integers(0, max_patterns - 1))):
-        mt = draw(st.integers(1, kw.get("max_tokens", 3)))
+        lo = min(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1)) if kw.get("speculation", True) else 1
+        mt = draw(st.integers(lo, kw.get("max_tokens", 3)))
         params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING)))
         out.append(first.with_(prompt=draw(prompts(V)), params=params))
     return out

@@ -22,7 +22,9 @@ EAGLE (EAGLE-1) — ``kind="eagle"``
 
 EAGLE-3 — ``kind="eagle3"``
     Own lm_head ``[V_draft, H]`` and ``d2t`` (vLLM: target id = draft id + d2t[draft
-    id]), so a reduced draft vocabulary with any id map. EAGLE-3 feeds the token
+    id]), so a reduced draft vocabulary with any id map. A full-width draft is written
+    in target id order without d2t (vLLM 0.32 has no d2t parameter when
+    draft_vocab_size equals the target's and refuses one in the checkpoint). EAGLE-3 feeds the token
     embedding only into attention (``qkv_proj`` reads ``cat(norm(embed), norm(hidden))``)
     and the hidden state into the residual. The head makes attention pick exactly the
     current position: q and k are the same constant vector c (|c| = 64 on the first
@@ -319,10 +321,15 @@ def _eagle3_weights(V: int, H: int, D: int, dtype: str, rounded: np.ndarray, d2t
     w["fc.weight"] = torch.zeros(H, 3 * H, dtype=tdt)  # [H, 3H]: aux hidden states unused
     w["norm.weight"] = torch.full((H,), 1.0 / s, dtype=tdt)
     lm = torch.zeros(Vd, H, dtype=tdt)  # [V_draft, H]
-    lm[:, :V] = torch.from_numpy(np.ascontiguousarray(rounded.T)).to(tdt)  # lm[j, x] = D[x, j]
+    if Vd == V:
+        # A full-width draft: vLLM 0.32 has no d2t parameter then (refuses one in the
+        # checkpoint), so the rows go in target order: lm[d2t[j], x] = D[x, j].
+        lm[list(d2t), :V] = torch.from_numpy(np.ascontiguousarray(rounded.T)).to(tdt)
+    else:
+        lm[:, :V] = torch.from_numpy(np.ascontiguousarray(rounded.T)).to(tdt)  # lm[j, x] = D[x, j]
+        # vLLM's d2t convention: target id = draft id + d2t[draft id].
+        w["d2t"] = torch.tensor([t - j for j, t in enumerate(d2t)], dtype=torch.int64)  # [V_draft]
     w["lm_head.weight"] = lm
-    # vLLM's d2t convention: target id = draft id + d2t[draft id].
-    w["d2t"] = torch.tensor([t - j for j, t in enumerate(d2t)], dtype=torch.int64)  # [V_draft]
     return w
 
 
@@ -339,5 +346,7 @@ def load_head_table(head_dir: str | os.PathLike[str]) -> tuple[np.ndarray, tuple
     cfg = json.loads((d / "config.json").read_text())
     V = int(cfg["vocab_size"])
     lm = w["lm_head.weight"].to(torch.float32).numpy()  # [V_draft, H]
+    if "d2t" not in w:  # full width, rows in target order
+        return np.ascontiguousarray(lm[:, :V].T), tuple(range(lm.shape[0]))
     off = w["d2t"].numpy().tolist()
     return np.ascontiguousarray(lm[:, :V].T), tuple(j + o for j, o in enumerate(off))

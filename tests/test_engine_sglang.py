@@ -157,6 +157,12 @@ def test_speculation_sglang_cannot_run_as_specified_is_refused_naming_the_knob(t
     assert needle in str(info.value), str(info.value)
 
 
+def test_standalone_tree_topk_beyond_the_vocabulary_is_refused(tmp_path):
+    spec = SpecConfig("eagle_tree", 2, draft_sampling="greedy", tree_topk=3, tree_budget=4)
+    with pytest.raises(InvalidInput, match="speculation.tree_topk=3"):
+        speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=2, draft_vocab=2)
+
+
 def test_standalone_needs_a_draft_dir_and_the_targets_vocab_size(tmp_path):
     spec = SpecConfig("draft_model", 1, draft_sampling="greedy")
     with pytest.raises(InvalidInput, match="draft_dir=None"):
@@ -182,6 +188,21 @@ def test_every_mapped_key_and_default_is_a_server_args_field_of_sglang(server_ar
     for k in ("enable_deterministic_inference", "disable_overlap_schedule", "speculative_ngram_capacity",
               "speculative_ngram_match_type", "max_running_requests"):
         assert k in server_args_fields
+
+
+@pytest.mark.parametrize("method,algo", [("eagle", "EAGLE"), ("eagle3", "EAGLE3")])
+def test_eagle_heads_are_mapped_ready_to_enable_onto_server_args_fields(monkeypatch, tmp_path, server_args_fields, method, algo):
+    import specfuzz.engines.sglang_engine as sg
+
+    monkeypatch.setattr(sg, "HEADS_ENABLED", True)
+    kw = speculative_kwargs(SpecConfig(method, 3), draft_dir=tmp_path, target_vocab=6, draft_vocab=4)
+    assert kw == {
+        "speculative_algorithm": algo, "speculative_draft_model_path": str(tmp_path), "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "speculative_use_rejection_sampling": True,
+    }
+    greedy = speculative_kwargs(SpecConfig(method, 1, draft_sampling="greedy"), draft_dir=tmp_path)
+    assert greedy["speculative_use_rejection_sampling"] is False
+    assert unknown_server_args(sorted(kw), server_args_fields) == []
 
 
 def test_unknown_server_args_names_keys_this_sglang_lacks(server_args_fields):

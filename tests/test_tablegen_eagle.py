@@ -75,6 +75,18 @@ def test_eagle3_head_holds_the_reduced_table_and_its_id_map(tmp_path):
     assert np.array_equal(load_table(tgt.path), T)
 
 
+def test_full_width_eagle3_head_is_written_in_target_order_without_d2t(tmp_path):
+    perm = (3, 1, 5, 0, 2, 4)
+    tgt, head = _pair(tmp_path, "eagle3", DRAFT, perm)
+    from safetensors.torch import load_file
+
+    assert "d2t" not in load_file(str(head.path / "model.safetensors"))  # vLLM 0.32 refuses one at full width
+    table, ids = load_head_table(head.path)
+    want = np.empty_like(DRAFT)
+    want[:, list(perm)] = DRAFT  # draft id j is target id perm[j]
+    assert ids == tuple(range(V)) and np.array_equal(table, want)
+
+
 def test_eagle3_attention_is_one_hot_over_the_whole_context():
     for head_dim in (64, 128):
         assert sharp_score_gap(head_dim, 4096) >= MIN_SCORE_GAP
@@ -152,13 +164,14 @@ def _predicted_acceptance(dmap: dict, tmap: dict, prompt_last: int, max_tokens: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3-full"])
 def test_vllm_drafts_exactly_from_the_head_table(tmp_path, kind):
     pytest.importorskip("vllm")
     from specfuzz.engines.base import EngineConfig, Request
     from specfuzz.engines.vllm_engine import VLLMEngine
 
-    draft, d2t = (DRAFT, None) if kind == "eagle" else (NARROW, D2T)
+    draft, d2t = {"eagle": (DRAFT, None), "eagle3": (NARROW, D2T), "eagle3-full": (DRAFT[:, [3, 1, 5, 0, 2, 4]], (3, 1, 5, 0, 2, 4))}[kind]
+    kind = kind.split("-")[0]
     # Make the drafts agree with the target's argmax on some rows only.
     tgt, head = _pair(tmp_path, kind, draft, d2t)
     ids = np.arange(draft.shape[1]) if d2t is None else np.asarray(d2t)
