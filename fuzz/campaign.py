@@ -10,8 +10,13 @@ and must fail, re-confirm, and keep the same attribution label, so noise cannot 
 the shrink. The smallest confirmed failure is calibrated (the same engine with
 speculation off must agree with μ) and stored. Then the next search starts with a new
 seed; failures whose signature is already in the corpus update it and do not stop the
-search. The Hypothesis database and the campaign state (α spent) live under
-``<corpus>/.specfuzz/``, so a killed campaign resumes where it was.
+search. Each search has a time slice (at least a minute, and budget/(2 x methods)) and
+turns the strategy's method order by one, so that every speculation method in turn is
+the one Hypothesis draws first: engines that start slowly (tens of seconds per model
+family on a GPU) see a few examples per search, and Hypothesis's first examples are its
+simplest. The Hypothesis database and the campaign state (α spent, and totals per
+method over every resumed run) live under ``<corpus>/.specfuzz/``, so a killed campaign
+resumes where it was, on this machine or another.
 """
 
 from __future__ import annotations
@@ -44,9 +49,15 @@ CONFIRM_FACTOR = 0.1
 # Examples per Hypothesis search; the campaign runs searches with new seeds until its
 # budget is spent. Bounded so that Hypothesis's own phases (targeting) end too.
 EXAMPLES_PER_SEARCH = 300
+# Shortest time slice of one search (see Campaign._search).
+SEARCH_SLICE_MIN_S = 60.0
 # The budget is enforced inside examples; a SIGALRM this long after the deadline stops
 # the campaign even inside Hypothesis's internals or a slow engine call.
 WATCHDOG_GRACE_S = 10.0
+
+
+class SearchSliceOver(BaseException):
+    """A search's time slice is over (the campaign goes on with the next search)."""
 
 
 class BudgetExhausted(BaseException):
@@ -185,13 +196,27 @@ class Campaign:
 
     # -- the search --------------------------------------------------------------------
 
-    def _strategy(self):
+    def _methods(self) -> tuple[str, ...]:
+        caps = self.engine.capabilities()
+        if self.cfg.calibration_only:
+            return ()
+        methods = tuple(m for m in caps.methods if self.cfg.methods is None or m in self.cfg.methods)
+        if not methods:
+            raise InvalidInput("method", self.cfg.methods, f"methods this engine supports: {caps.methods} (or 'none')")
+        return methods
+
+    def _strategy(self, rotate: int = 0):
+        """The case-family strategy; ``rotate`` turns the method order, so that every
+        method in turn is the one Hypothesis favours (its first choice, and what it
+        shrinks toward): with engines that start slowly a search sees few examples, and
+        Hypothesis's first examples are its simplest."""
         caps = self.engine.capabilities()
         self._profile = caps.profile
         speculation = not self.cfg.calibration_only
-        methods = tuple(m for m in caps.methods if self.cfg.methods is None or m in self.cfg.methods) if speculation else ()
-        if speculation and not methods:
-            raise InvalidInput("method", self.cfg.methods, f"methods this engine supports: {caps.methods} (or 'none')")
+        methods = self._methods()
+        if methods:
+            r = rotate % len(methods)
+            methods = methods[r:] + methods[:r]
         return case_families(
             max_patterns=self.cfg.max_patterns, max_vocab=self.cfg.max_vocab, max_tokens=self.cfg.max_tokens,
             max_k=self.cfg.max_k, methods=methods or None,
@@ -212,6 +237,11 @@ class Campaign:
             counter[0] += 100_003
             return counter[0]
 
+        # A search gets a time slice, so that slow engines still reach every method
+        # (the strategy's method order rotates between searches); shrinking a failure
+        # runs on until the campaign's own budget ends.
+        slice_end = time.monotonic() + max(SEARCH_SLICE_MIN_S, self.cfg.budget_s / (2 * max(1, len(self._methods()))))
+
         @hyp_seed(search_seed)
         @settings(
             database=DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis")),
@@ -223,6 +253,8 @@ class Campaign:
         def example(cases: list[Case]) -> None:
             if self._left() <= 0:
                 raise BudgetExhausted
+            if not label_of_first and time.monotonic() > slice_end:
+                raise SearchSliceOver
             alphas = [self.spender.peek()] * len(cases)
             try:
                 runs = self._run(cases, alphas, next_seed(), speculation=speculation)
@@ -272,7 +304,7 @@ class Campaign:
             pass
         except (Flaky, HypothesisException):
             pass  # the replay of the minimal example did not fail again; we keep our own record
-        except BudgetExhausted:
+        except (BudgetExhausted, SearchSliceOver):
             pass
         return confirmed[-1] if confirmed else None
 
@@ -328,11 +360,11 @@ class Campaign:
     def run(self) -> CampaignStats:
         armed = self._arm_watchdog()
         try:
-            strategy = self._strategy()
             while self._left() > 0:
                 self.search_index += 1
                 self.stats.searches += 1
                 self._save_state()
+                strategy = self._strategy(rotate=self.search_index - 1)
                 found = self._search(strategy, self.cfg.seed * 100_000 + self.search_index)
                 if found is not None:
                     _, run, conf = found
