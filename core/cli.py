@@ -274,7 +274,7 @@ def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpu
             r = run_case(eng, case, speculation=spec_on, **kw)
             runs[label] = r
             if r.crash is not None:
-                path, _ = corpus.store(crash_entry(eng, case, r.crash, engine))
+                path, _ = corpus.store(crash_entry(eng, case, r.crash, engine, dtype=dtype))
                 t.add_row(label, str(r.n), f"crash ({r.crash.kind})", "-", "-", f"{r.seconds:.1f}")
                 console.print(f"[red]{r.crash}[/red] -> {path}")
                 continue

@@ -187,9 +187,10 @@ class Campaign:
             self._spec_off_engine = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs")
         return self._run([case], [self.spender.peek()], seed, speculation=False, engine=self._spec_off_engine)[0]
 
-    def _record_crash(self, case: Case, crash: EngineCrash) -> None:
+    def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None) -> None:
         self.stats.crashes += 1
-        path, new = self.corpus.store(crash_entry(self.engine, case, crash, self.cfg.engine))
+        path, new = self.corpus.store(crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
+                                                  settings=dict(self.cfg.engine_settings), family=family or [case]))
         if new:
             self.stats.stored.append(path.name)
         self.on_event(f"crash ({crash.kind}): {crash.detail} -> {path.name}", self.stats)
@@ -275,7 +276,7 @@ class Campaign:
             self._save_state()
             crash = next((r.crash for r in runs if r.crash is not None), None)
             if crash is not None:
-                self._record_crash(cases[0], crash)
+                self._record_crash(cases[0], crash, list(cases))
             best = max((r.judgement.verdict.log_e for r in runs if r.judgement is not None), default=0.0)
             target(min(best, 50.0) if math.isfinite(best) else 50.0, label="log e-value")
             self.on_event("", self.stats)

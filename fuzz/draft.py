@@ -290,6 +290,12 @@ def prepare(entry: Entry, stem: str) -> DraftData:
     from specfuzz.oracle.judge import bug_laws, target_law_dict
     from specfuzz.oracle.speculative import BUG_CLASSES
 
+    if entry.kind == "calibration":
+        # A calibration entry failed with speculation off: draft (and repro) it that way.
+        import dataclasses
+
+        entry = dataclasses.replace(entry, case={**entry.case, "spec": None, "draft_table": None, "draft_d2t": None},
+                                    extra={**entry.extra, "stored_signature": entry.signature})
     scrub = Scrubber.for_entry(entry)
     try:
         case = Case.from_json(entry.case)
@@ -562,7 +568,7 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
     L: list[str] = []
     title = issue_title(data)
     L += [f"# {title}", ""]
-    L += [f"*Drafted by specfuzz from corpus entry `{data.stem}` (signature `{e.signature}`, {e.kind}, status {e.status}; "
+    L += [f"*Drafted by specfuzz from corpus entry `{data.stem}` (signature `{e.extra.get('stored_signature', e.signature)}`, {e.kind}, status {e.status}; "
           f"first seen {e.first_seen}, last seen {e.last_seen}, seen {e.times_seen} time{'s' if e.times_seen != 1 else ''}).*", ""]
     # summary
     L += ["## What goes wrong", ""]
@@ -571,10 +577,14 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
               f"{data.scrub.text((e.evidence or '').splitlines()[0] if e.evidence else 'see the log')}.", ""]
     else:
         tv = data.effect.tv
-        L += [f"With {_spec_phrase(cj)}, the outputs do not follow the target model's distribution μ, which speculative "
-              f"decoding must preserve exactly: {headline(data)}"
-              + (f"; the total variation distance between the observed frequencies and μ is {tv:.3f} over {data.n} samples." if tv is not None else "."),
-              ""]
+        tv_s = f"; the total variation distance between the observed frequencies and μ is {tv:.3f} over {data.n} samples." if tv is not None else "."
+        if spec:
+            L += [f"With {_spec_phrase(cj)}, the outputs do not follow the target model's distribution μ, which speculative "
+                  f"decoding must preserve exactly: {headline(data)}" + tv_s, ""]
+        else:
+            L += [f"Without speculation, the outputs do not follow the distribution μ that the model's logits and the "
+                  f"request's sampling parameters define (the engine's own order of sampling steps, specfuzz profile "
+                  f"`{data.profile}`, which the same engine passes on the other standard settings): {headline(data)}" + tv_s, ""]
         cal = e.calibration
         if cal:
             L += [f"With speculation off, the same engine agrees with μ ({data.scrub.text(cal.get('evidence', ''))}), "

@@ -131,15 +131,23 @@ def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: Cas
     return run_family(engine, [case], alphas=[alpha], tests=None if case_test is None else [case_test], **kw)[0]
 
 
-def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_name: str) -> Entry:
+def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_name: str, *,
+                dtype: str = "float32", settings: dict | None = None, family: Sequence[Case] = ()) -> Entry:
+    """A crash entry. ``family``: every request pattern that was in the crashing batch
+    (the engine ran them mixed; the crash may need several of them together)."""
     try:
         version = dict(engine.version())
     except EngineCrash:
         version = {"name": engine_name}
+    extra: dict = {"crash_kind": crash.kind, "dtype": dtype}
+    if settings:
+        extra["engine_settings"] = dict(settings)
+    if len(family) > 1:
+        extra["batch_patterns"] = [{"prompt": list(c.prompt), "params": c.params.to_json()} for c in family]
     return Entry(
         kind="crash", engine=version, case=case.to_json(),
         evidence=f"engine {crash.kind}: {crash.detail}", log=crash.log_tail,
-        extra={"crash_kind": crash.kind},
+        extra=extra,
     )
 
 

@@ -1,0 +1,90 @@
+"""Campaign pieces that GPU leases depend on, checked on CPU with the reference engine.
+
+* searches rotate the method order (a slow engine's first, simplest examples must not
+  all use one method: an 8-minute vLLM campaign on the H200 drew 14 families, none EAGLE);
+* totals per method add up over resumed runs;
+* crash entries record the dtype, engine settings and every pattern of the batch;
+* calibration entries (speculation off failed) are drafted as speculation-off issues
+  under the engine's own profile.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import Phase, given, settings
+
+from specfuzz.case import Case
+from specfuzz.engines.isolation import EngineCrash
+from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+from specfuzz.fuzz.corpus import Entry
+from specfuzz.fuzz.draft import prepare, render_issue
+from specfuzz.fuzz.run import crash_entry
+from specfuzz.fuzz.triage import profile_for
+from specfuzz.oracle.params import SamplingParams as SP
+from specfuzz.oracle.speculative import SpecConfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("rotate, first", [(0, "draft_model"), (1, "ngram"), (2, "eagle_tree"), (4, "draft_model")])
+def test_each_search_starts_with_the_next_method(tmp_path, rotate, first):
+    """Hypothesis's first example of a run is its simplest: the first method in order."""
+    cfg = CampaignConfig(engine="reference", budget_s=5, corpus_dir=tmp_path / "c",
+                         methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), work_dir=tmp_path / "wd")
+    camp = Campaign(cfg)
+    seen: list[str] = []
+    try:
+        @settings(database=None, max_examples=1, phases=[Phase.generate])
+        @given(camp._strategy(rotate=rotate))
+        def first_example(fam):
+            seen.append(fam[0].spec.method)
+
+        first_example()
+    finally:
+        camp.engine.close()
+    assert seen[0] == first
+
+
+def test_totals_per_method_add_up_over_resumed_runs(tmp_path):
+    kw = dict(engine="reference", corpus_dir=tmp_path / "c", work_dir=tmp_path / "wd", max_samples=200)
+    a = Campaign(CampaignConfig(budget_s=4, **kw))
+    a.run()
+    first = json.loads((tmp_path / "c" / ".specfuzz" / "state.json").read_text())["totals"]
+    b = Campaign(CampaignConfig(budget_s=4, **kw))
+    b.run()
+    second = json.loads((tmp_path / "c" / ".specfuzz" / "state.json").read_text())["totals"]
+    assert second["runs"] == first["runs"] + 1 == 2
+    assert second["seconds"] > first["seconds"] >= 3.5
+    fam = lambda t: sum(m["families"] for m in t["methods"].values())  # noqa: E731
+    assert fam(second) > fam(first) > 0
+    assert sum(m["samples"] for m in second["methods"].values()) >= 200 * fam(second)
+
+
+def test_crash_entries_record_dtype_settings_and_the_batch(tmp_path):
+    T = np.zeros((3, 3), np.float32)
+    cases = [Case(T, (0,), SP(max_tokens=2)), Case(T, (1, 2), SP(max_tokens=3, temperature=0.5))]
+
+    class Eng:
+        def version(self):
+            return {"name": "x"}
+
+    e = crash_entry(Eng(), cases[0], EngineCrash("signal", "killed"), "x", dtype="bfloat16",
+                    settings={"enforce_eager": False}, family=cases)
+    assert e.extra["dtype"] == "bfloat16" and e.extra["engine_settings"] == {"enforce_eager": False}
+    assert [p["prompt"] for p in e.extra["batch_patterns"]] == [[0], [1, 2]]
+
+
+def test_calibration_entries_are_drafted_with_speculation_off_under_the_engines_profile():
+    path = REPO / "corpus" / "h200" / "sglang" / "calibration-f86d3e8d69c2be28.json"
+    entry = Entry.from_json(json.loads(path.read_text()))
+    assert entry.kind == "calibration" and entry.case["spec"] is not None  # the family's speculation settings
+    assert profile_for(entry) == "sglang"
+    data = prepare(entry, path.stem)
+    assert data.case.spec is None and data.profile == "sglang"
+    text = render_issue(data, plot_what=None, repro_samples=1000, top=5)
+    assert "Speculation off." in text and "Without speculation" in text
+    assert f"signature `{entry.signature}`" in text
