@@ -56,6 +56,18 @@ SEARCH_SLICE_MIN_S = 60.0
 WATCHDOG_GRACE_S = 10.0
 
 
+def crash_key(crash: EngineCrash) -> str:
+    """What makes two crashes "the same" while shrinking: kind and message, numbers stripped."""
+    return _crash_key_of(crash.kind, f"engine {crash.kind}: {crash.detail}")
+
+
+def _crash_key_of(kind: object, evidence: str) -> str:
+    import re
+
+    detail = evidence.split(": ", 1)[1] if evidence.startswith("engine ") and ": " in evidence else evidence
+    return f"{kind}:{re.sub(r'[0-9]+', '#', detail)[:160]}"
+
+
 class SearchSliceOver(BaseException):
     """A search's time slice is over (the campaign goes on with the next search)."""
 
@@ -133,6 +145,10 @@ class Campaign:
         self.totals["runs"] += 1
         self._t_saved = time.monotonic()
         self.known: set[str] = {e.signature for _, e in self.corpus.entries() if isinstance(e, Entry)}
+        self.known_crashes: set[str] = {
+            _crash_key_of(e.extra.get("crash_kind"), e.evidence)
+            for _, e in self.corpus.entries() if isinstance(e, Entry) and e.kind == "crash"
+        }
 
     # -- state ---------------------------------------------------------------------
 
@@ -187,10 +203,14 @@ class Campaign:
             self._spec_off_engine = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs")
         return self._run([case], [self.spender.peek()], seed, speculation=False, engine=self._spec_off_engine)[0]
 
-    def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None) -> None:
+    def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None, shrunk: bool = False) -> None:
         self.stats.crashes += 1
-        path, new = self.corpus.store(crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
-                                                  settings=dict(self.cfg.engine_settings), family=family or [case]))
+        entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
+                            settings=dict(self.cfg.engine_settings), family=family or [case])
+        entry.extra["shrunk"] = shrunk
+        path, new = self.corpus.store(entry)
+        self.known.add(entry.signature)
+        self.known_crashes.add(crash_key(crash))
         if new:
             self.stats.stored.append(path.name)
         self.on_event(f"crash ({crash.kind}): {crash.detail} -> {path.name}", self.stats)
@@ -231,6 +251,11 @@ class Campaign:
         """One Hypothesis run; returns the smallest confirmed failure (family, run, confirmation)."""
         confirmed: list[tuple[list[Case], CaseRun, CaseRun]] = []
         label_of_first: list[str | None] = []
+        # A crash is shrunk too: Hypothesis keeps the smallest family that crashes the
+        # same way (kind and message with numbers stripped), each candidate on a fresh
+        # engine process.
+        crash_first: list[str] = []
+        crash_best: list[tuple[list[Case], EngineCrash]] = []
         speculation = not self.cfg.calibration_only
         counter = [search_seed * 1_000_003]
 
@@ -254,7 +279,7 @@ class Campaign:
         def example(cases: list[Case]) -> None:
             if self._left() <= 0:
                 raise BudgetExhausted
-            if not label_of_first and time.monotonic() > slice_end:
+            if not label_of_first and not crash_first and time.monotonic() > slice_end:
                 raise SearchSliceOver
             alphas = [self.spender.peek()] * len(cases)
             try:
@@ -276,7 +301,20 @@ class Campaign:
             self._save_state()
             crash = next((r.crash for r in runs if r.crash is not None), None)
             if crash is not None:
-                self._record_crash(cases[0], crash, list(cases))
+                key = crash_key(crash)
+                same = bool(crash_first) and key == crash_first[0]
+                if not same and (label_of_first or crash_first or self._crash_known(cases[0], crash, cases)):
+                    # found while shrinking something else, or a known crash: stored as found
+                    self._record_crash(cases[0], crash, list(cases))
+                else:
+                    if not crash_first:
+                        crash_first.append(key)
+                        self.on_event(f"crash ({crash.kind}); shrinking", self.stats)
+                    crash_best.append((list(cases), crash))
+                    # One raise site: Hypothesis tells failures apart by where they are raised.
+                    raise PatternFailed("crash")
+            if crash_first:
+                return  # shrinking a crash: only the same crash counts
             best = max((r.judgement.verdict.log_e for r in runs if r.judgement is not None), default=0.0)
             target(min(best, 50.0) if math.isfinite(best) else 50.0, label="log e-value")
             self.on_event("", self.stats)
@@ -307,7 +345,36 @@ class Campaign:
             pass  # the replay of the minimal example did not fail again; we keep our own record
         except (BudgetExhausted, SearchSliceOver):
             pass
+        if crash_best:
+            fam, crash = crash_best[-1]
+            one = self._crashing_pattern(fam, crash, next_seed(), speculation) if len(fam) > 1 else None
+            if one is not None:
+                self._record_crash(one[0], one[1], [one[0]], shrunk=True)
+            else:
+                self._record_crash(fam[0], crash, fam, shrunk=True)
         return confirmed[-1] if confirmed else None
+
+    def _crashing_pattern(self, family: list[Case], crash: EngineCrash, seed: int, speculation: bool):
+        """The first pattern of a shrunk crashing family that crashes the same way alone
+        (the first pattern of a family cannot shrink away, so the one that crashes may be
+        another); None when only the mix crashes."""
+        key = crash_key(crash)
+        for case in family:
+            try:
+                runs = self._run([case], [self.spender.peek()], seed, speculation=speculation)
+            except (AmbiguousSemantics, OutputSpaceTooLarge, InvalidInput):
+                continue
+            c = runs[0].crash
+            if c is not None and crash_key(c) == key:
+                return case, c
+        return None
+
+    def _crash_known(self, case: Case, crash: EngineCrash, family: list[Case]) -> bool:
+        """A crash already in the corpus (same kind and message, numbers aside): not shrunk again."""
+        if crash_key(crash) in self.known_crashes:
+            return True
+        entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype, family=family)
+        return entry.signature in self.known
 
     def _entry_for(self, run: CaseRun, calibration: CaseRun | None = None) -> Entry:
         entry = finding_entry(self.engine.version(), run, calibration)
@@ -337,6 +404,7 @@ class Campaign:
         entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)
+        self.known_crashes.add(crash_key(crash))
         self.stats.findings_new += int(new)
         self.stats.findings_updated += int(not new)
         if new:

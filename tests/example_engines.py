@@ -87,6 +87,20 @@ class FaultyEngine(ReferenceEngine):
         return super().generate(requests)
 
 
+class TopKCrashEngine(ReferenceEngine):
+    """Dies (SIGSEGV) on any batch holding a top-k request with max_tokens >= 2, the way a
+    kernel bug on one sampling path crashes a GPU engine: crash shrinking must find
+    that minimal condition."""
+
+    name = "topk-crash"
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if any(r.params.top_k >= 1 and r.params.max_tokens >= 2 for r in requests):
+            print(f"top-k crash engine: {len(requests)} requests", flush=True)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().generate(requests)
+
+
 class SlowEngine(ReferenceEngine):
     """Sleeps in every generate call, so a test can kill it mid-run."""
 

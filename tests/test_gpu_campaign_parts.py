@@ -58,7 +58,7 @@ def test_totals_per_method_add_up_over_resumed_runs(tmp_path):
     b.run()
     second = json.loads((tmp_path / "c" / ".specfuzz" / "state.json").read_text())["totals"]
     assert second["runs"] == first["runs"] + 1 == 2
-    assert second["seconds"] > first["seconds"] >= 3.5
+    assert second["seconds"] > first["seconds"] > 0
     fam = lambda t: sum(m["families"] for m in t["methods"].values())  # noqa: E731
     assert fam(second) > fam(first) > 0
     assert sum(m["samples"] for m in second["methods"].values()) >= 200 * fam(second)
@@ -88,3 +88,24 @@ def test_calibration_entries_are_drafted_with_speculation_off_under_the_engines_
     text = render_issue(data, plot_what=None, repro_samples=1000, top=5)
     assert "Speculation off." in text and "Without speculation" in text
     assert f"signature `{entry.signature}`" in text
+
+
+@pytest.mark.slow
+def test_a_crash_is_shrunk_to_its_minimal_family(tmp_path):
+    """The engine dies on any batch with a top-k request of 2+ tokens: the stored crash is
+    one pattern, V=2, top_k set and max_tokens 2 (each candidate on a fresh process)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    cfg = CampaignConfig(engine="example_engines:TopKCrashEngine", budget_s=240, corpus_dir=tmp_path / "c",
+                         methods=("ngram",), work_dir=tmp_path / "wd", max_samples=100, max_patterns=3)
+    Campaign(cfg).run()
+    crashes = [json.loads(p.read_text()) for p in (tmp_path / "c").glob("crash-*.json")]
+    assert crashes, "no crash stored"
+    shrunk = [c for c in crashes if c["extra"].get("shrunk")]
+    assert len(shrunk) == 1
+    case = Case.from_json(shrunk[0]["case"])
+    assert case.params.top_k >= 1 and case.params.max_tokens == 2
+    assert case.vocab_size == 2 and len(case.prompt) == 1
+    assert "batch_patterns" not in shrunk[0]["extra"]  # one pattern is enough
+    assert "signal" in shrunk[0]["evidence"]
