@@ -404,7 +404,6 @@ class Campaign:
         entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)
-        self.known_crashes.add(crash_key(crash))
         self.stats.findings_new += int(new)
         self.stats.findings_updated += int(not new)
         if new:
