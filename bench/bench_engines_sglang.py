@@ -31,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engines import _time_pair  # noqa: E402  (adapter and raw runs alternated, as for vLLM)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_OUT = RESULTS / "engines_sglang_h200.json"
 V, EOS = 8, 7
@@ -102,14 +105,11 @@ def bench_mode(name: str, n_requests: int, repeats: int) -> dict:
             warm = eng.generate(requests)
             row["drafted"] = sum(c.num_draft_tokens or 0 for c in warm)
             row["accepted"] = sum(c.num_accepted_tokens or 0 for c in warm)
-            ta: list[float] = []
-            tr: list[float] = []
-            for i in range(repeats):
-                order = (("a", lambda: eng.generate(requests)), ("r", lambda: raw.generate(input_ids=ids, sampling_params=sps)))
-                for tag, fn in (order if i % 2 == 0 else order[::-1]):
-                    t0 = time.perf_counter()
-                    fn()
-                    (ta if tag == "a" else tr).append(time.perf_counter() - t0)
+            ta, tr = _time_pair(
+                lambda: eng.generate(requests),
+                lambda: raw.generate(input_ids=ids, sampling_params=sps),
+                repeats,
+            )
             outs = raw.generate(input_ids=ids, sampling_params=sps)
             eng._engine = _Replay(outs)
             own = []

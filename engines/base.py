@@ -13,9 +13,11 @@ it does not run.
 from __future__ import annotations
 
 import abc
+import contextlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
@@ -103,6 +105,12 @@ class Engine(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the engine's resources."""
 
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def _cpu_model() -> str:
     import platform
@@ -140,3 +148,24 @@ def gpu_details() -> dict[str, str]:
     except (OSError, subprocess.SubprocessError):
         pass
     return out
+
+
+@contextlib.contextmanager
+def environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first message line (at most 500 characters), or its type's name."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:500] if lines else type(exc).__name__

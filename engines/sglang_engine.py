@@ -147,9 +147,9 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, gpu_details
+from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details
 from specfuzz.engines.vllm_engine import LogitsReport
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
@@ -421,21 +421,6 @@ def server_args_fields() -> frozenset[str]:
 # ----------------------------------------------------------------------------- helpers
 
 
-@contextlib.contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration of the block, then restore them."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update({k: str(v) for k, v in values.items()})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _child_pids() -> set[int]:
     try:
         import psutil
@@ -468,11 +453,6 @@ def _kill_pids(pids: set[int]) -> None:
             p.kill()
     with contextlib.suppress(Exception):
         psutil.wait_procs(procs, timeout=5)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:500] if lines else type(exc).__name__
 
 
 def _short_config(kwargs: Mapping[str, Any]) -> dict:
@@ -667,7 +647,7 @@ class SGLangEngine(Engine):
 
         before = _child_pids()
         t0 = time.perf_counter()
-        with _environ(env):
+        with environ(env):
             # As sglang.Engine does before building ServerArgs (plugins may hook its __post_init__).
             with contextlib.suppress(ImportError):
                 from sglang.srt.plugins import load_plugins
@@ -720,12 +700,6 @@ class SGLangEngine(Engine):
 
         gc.collect()
 
-    def __enter__(self) -> "SGLangEngine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown
         try:
             self.close()
@@ -770,7 +744,7 @@ class SGLangEngine(Engine):
         try:
             outs = self._engine.generate(input_ids=ids, sampling_params=params)
         except ValueError as exc:  # SGLang's request validation (TokenizerManager, SamplingParams.verify)
-            raise InvalidInput("request", _first_line(exc), "a request SGLang accepts") from None
+            raise InvalidInput("request", first_line(exc), "a request SGLang accepts") from None
         if isinstance(outs, Mapping):
             outs = [outs]
         if len(outs) != len(requests):

@@ -119,9 +119,9 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, gpu_details
+from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import GREEDY_TEMPERATURE_EPS, SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
@@ -194,31 +194,6 @@ def _read_config(path: Path, name: str) -> dict:
         raise InvalidInput(name, str(path), f"a checkpoint folder with a readable config.json ({exc})") from None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-@contextlib.contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration of the block, then restore them."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update({k: str(v) for k, v in values.items()})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 # In-process engines of this process (at most one runs at a time: vLLM's parallel state is per process).
 _IN_PROCESS: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()
 
@@ -237,14 +212,14 @@ def _is_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def _is_cpu_platform_cheap() -> bool:
-    """No CUDA device (decided without importing vLLM's platform layer)."""
+def _has_cuda() -> bool:
+    """A CUDA device (decided without importing vLLM's platform layer)."""
     try:
         import torch
 
-        return not torch.cuda.is_available()
+        return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001
-        return True
+        return False
 
 
 
@@ -335,14 +310,7 @@ class VLLMEngine(Engine):
     @staticmethod
     def _block_verification_possible(model_runner: object) -> bool:
         """Whether EAGLE cases can run block verification here: Model Runner V2 (CUDA)."""
-        if model_runner == "v1":
-            return False
-        try:
-            import torch
-
-            return bool(torch.cuda.is_available())
-        except Exception:  # noqa: BLE001
-            return False
+        return model_runner != "v1" and _has_cuda()
 
     def version(self) -> Mapping[str, str]:
         import torch
@@ -470,7 +438,7 @@ class VLLMEngine(Engine):
         if choice not in MODEL_RUNNERS:
             raise InvalidInput("settings['model_runner']", choice, f"one of {MODEL_RUNNERS}")
         spec = config.speculation
-        on_cuda = self._block_verification_possible("auto")
+        on_cuda = _has_cuda()
         if choice == "auto":
             return "v2" if on_cuda and spec is not None and spec.method in V2_METHODS else "v1"
         if choice == "v2":
@@ -495,7 +463,7 @@ class VLLMEngine(Engine):
 
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if use_mp else "0")
         runner = self._model_runner(settings, config)
-        if not _is_cpu_platform_cheap():
+        if _has_cuda():
             env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "v2" else "0")
         if "VLLM_LOGGING_LEVEL" not in os.environ:
             env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -513,7 +481,7 @@ class VLLMEngine(Engine):
         unknown = sorted(k for k in settings if k not in _OWN_SETTINGS and not _llm_accepts(k))
         if unknown:
             raise InvalidInput("engine setting", unknown[0], "an own setting (" + ", ".join(_OWN_SETTINGS) + ") or a field of this vLLM version's EngineArgs")
-        with _environ(env):
+        with environ(env):
             import vllm.envs as vllm_envs
 
             # vLLM caches its environment after an in-process engine has started.
@@ -538,7 +506,7 @@ class VLLMEngine(Engine):
             t0 = time.perf_counter()
             self._in_process = not use_mp
             try:
-                with _environ(cpu_env):
+                with environ(cpu_env):
                     self._llm = LLM(**kwargs)
                 if self._in_process:
                     _IN_PROCESS.add(self)
@@ -625,12 +593,6 @@ class VLLMEngine(Engine):
             import vllm.envs as vllm_envs
 
             vllm_envs.disable_envs_cache()
-
-    def __enter__(self) -> "VLLMEngine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown
         try:
@@ -735,7 +697,7 @@ class VLLMEngine(Engine):
         try:
             outs = self._llm.generate(prompts, params, use_tqdm=False)
         except ValueError as exc:  # vLLM's request validation (VLLMValidationError)
-            raise InvalidInput("request", _first_line(exc), "a request vLLM accepts") from None
+            raise InvalidInput("request", first_line(exc), "a request vLLM accepts") from None
         return [self._completion(r, o) for r, o in zip(requests, outs)]
 
     def _completion(self, request: Request, out) -> Completion:
@@ -839,11 +801,6 @@ class VLLMEngine(Engine):
             positions=len(rows), max_abs_diff=worst,
             tolerance=tol, contexts=tuple(c for c, _ in rows), mismatches=tuple(bad),
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:500] if lines else type(exc).__name__
 
 
 def _short_config(kwargs: Mapping[str, Any]) -> dict:

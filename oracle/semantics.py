@@ -433,12 +433,15 @@ def random_probs(logits: np.ndarray, params: SamplingParams, exact: bool = False
 
 
 class Profile(ABC):
-    """An engine's order of operations. Subclasses implement :meth:`next_token_probs`."""
+    """An engine's order of operations. Subclasses implement :meth:`_probs`."""
 
     name: str = "abstract"
     processors: tuple[str, ...] = PROCESSORS
+    # Fields the engine has no such option for, with their "off" value, and the engine's
+    # name for the error message: a request setting one is refused (InvalidInput).
+    unsupported: Mapping[str, object] = {}
+    engine_label: str = ""
 
-    @abstractmethod
     def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
         """Next-token distributions [N, V] float64 after each prefix ``outs`` [N, t].
 
@@ -446,6 +449,19 @@ class Profile(ABC):
         ``outs`` itself; of a truncation of it for a stale processor). Raises
         :class:`~specfuzz.errors.AmbiguousSemantics` naming the step, values and prefix.
         """
+        for name, off in self.unsupported.items():
+            if getattr(spec.params, name) != off:
+                raise InvalidInput(name, getattr(spec.params, name),
+                                   f"{off!r} (off) under profile {self.name!r}: {self.engine_label} has no {name}")
+        try:
+            return self._probs(spec, outs, views)
+        except RowAmbiguity as exc:
+            prefix = tuple(int(v) for v in outs[exc.row])
+            raise AmbiguousSemantics(f"{exc.message} (profile {self.name}, output prefix {prefix})") from None
+
+    @abstractmethod
+    def _probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
+        """next_token_probs without the checks; may raise RowAmbiguity for a row."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -464,13 +480,6 @@ class VLLMProfile(Profile):
     """vLLM V1 sampler order (see the module docstring for the exact list)."""
 
     name = "vllm"
-
-    def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
-        try:
-            return self._probs(spec, outs, views)
-        except RowAmbiguity as exc:
-            prefix = tuple(int(v) for v in outs[exc.row])
-            raise AmbiguousSemantics(f"{exc.message} (profile {self.name}, output prefix {prefix})") from None
 
     def _probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
         p = spec.params
@@ -524,11 +533,6 @@ HF_UNSUPPORTED: dict[str, object] = {
     "regex": None,
     "choice": None,
 }
-
-
-def hf_unsupported(params: SamplingParams) -> list[str]:
-    """Names of the fields of ``params`` set to something HF transformers cannot express."""
-    return [name for name, off in HF_UNSUPPORTED.items() if getattr(params, name) != off]
 
 
 def hf_bad_words(spec: RequestSpec) -> tuple[tuple[np.ndarray, int], ...]:
@@ -605,17 +609,8 @@ class HFProfile(Profile):
     # Every processor name is accepted for ``stale`` (so bug laws of every class can be
     # computed); "thinking" and "constraint" are inert: HF has neither option.
     processors: tuple[str, ...] = PROCESSORS
-
-    def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
-        bad = hf_unsupported(spec.params)
-        if bad:
-            name = bad[0]
-            raise InvalidInput(name, getattr(spec.params, name), f"{HF_UNSUPPORTED[name]!r} (off) under profile 'hf': HF transformers has no {name}")
-        try:
-            return self._probs(spec, outs, views)
-        except RowAmbiguity as exc:
-            prefix = tuple(int(v) for v in outs[exc.row])
-            raise AmbiguousSemantics(f"{exc.message} (profile {self.name}, output prefix {prefix})") from None
+    unsupported = HF_UNSUPPORTED
+    engine_label = "HF transformers"
 
     def _probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
         p = spec.params
@@ -656,11 +651,6 @@ SGLANG_UNSUPPORTED: dict[str, object] = {
     "regex": None,
     "choice": None,
 }
-
-
-def sglang_unsupported(params: SamplingParams) -> list[str]:
-    """Names of the fields of ``params`` set to something the "sglang" profile cannot express."""
-    return [name for name, off in SGLANG_UNSUPPORTED.items() if getattr(params, name) != off]
 
 
 def sglang_penalties(logits: np.ndarray, counts: np.ndarray, repetition: float, frequency: float, presence: float) -> np.ndarray:
@@ -798,17 +788,8 @@ class SGLangProfile(Profile):
 
     name = "sglang"
     processors: tuple[str, ...] = PROCESSORS
-
-    def next_token_probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
-        bad = sglang_unsupported(spec.params)
-        if bad:
-            name = bad[0]
-            raise InvalidInput(name, getattr(spec.params, name), f"{SGLANG_UNSUPPORTED[name]!r} (off) under profile 'sglang': SGLang has no {name}")
-        try:
-            return self._probs(spec, outs, views)
-        except RowAmbiguity as exc:
-            prefix = tuple(int(v) for v in outs[exc.row])
-            raise AmbiguousSemantics(f"{exc.message} (profile {self.name}, output prefix {prefix})") from None
+    unsupported = SGLANG_UNSUPPORTED
+    engine_label = "SGLang"
 
     def _probs(self, spec: RequestSpec, outs: np.ndarray, views: Mapping[str, History]) -> np.ndarray:
         p = spec.params
