@@ -5,8 +5,9 @@ prompt, 3 tokens, temperature 1) goes through ``SGLangEngine.generate`` (validat
 mapping to SGLang sampling dicts, one ``Engine.generate`` call, output normalisation) and
 through SGLang's raw ``Engine.generate(input_ids=..., sampling_params=...)`` with the very
 same dicts built beforehand, alternating, best of ``--repeats``. The adapter's own work
-alone is timed with SGLang's answer replayed. Modes: speculation off, NGRAM (chain, K=3)
-and STANDALONE (identical draft, chain, K=3), bfloat16, SGLang's defaults as the adapter
+alone is timed with SGLang's answer replayed. Modes: speculation off, NGRAM (chain, K=3),
+STANDALONE (identical draft, chain, K=3) and EAGLE-3 (a tablegen head, reduced draft
+vocabulary V/2, chain, K=3), bfloat16, SGLang's defaults as the adapter
 sets them. Engine start and close times, and acceptance counts, are recorded too.
 
 Each mode runs in its own Python process (``--mode``) under a timeout: SGLang's
@@ -41,7 +42,7 @@ PROMPT = (1, 2, 1, 2)
 MAX_TOKENS = 3
 DTYPE = "bfloat16"
 GOAL_OVERHEAD_PCT = 10.0
-MODES = ("off", "ngram-K3", "standalone-K3")
+MODES = ("off", "ngram-K3", "standalone-K3", "eagle3-K3-reduced")
 
 
 def _table() -> np.ndarray:
@@ -56,6 +57,8 @@ def _spec(name: str):
         "off": None,
         "ngram-K3": SpecConfig("ngram", 3, ngram_min=1, ngram_max=3),
         "standalone-K3": SpecConfig("draft_model", 3, draft_sampling="greedy"),
+        # An EAGLE-3 head (tablegen.eagle) drafting over half the vocabulary, SGLang's argmax drafter.
+        "eagle3-K3-reduced": SpecConfig("eagle3", 3, draft_sampling="greedy"),
     }[name]
 
 
@@ -83,8 +86,12 @@ def bench_mode(name: str, n_requests: int, repeats: int) -> dict:
     params = SamplingParams(max_tokens=MAX_TOKENS)  # temperature 1
     row: dict = {"mode": name}
     with tempfile.TemporaryDirectory(prefix="specfuzz-bench-sglang-") as tmp:
+        draft, d2t = (table if spec is not None and spec.uses_draft_model else None), None
+        if name == "eagle3-K3-reduced":
+            d2t = tuple(range(V // 2))
+            draft = np.ascontiguousarray(table[:, : V // 2])
         case = Case(target_table=table, prompt=PROMPT, params=params, eos_token_id=EOS, spec=spec,
-                    draft_table=table if spec is not None and spec.uses_draft_model else None)
+                    draft_table=draft, draft_d2t=d2t)
         ck = materialize(case, Path(tmp), dtype=DTYPE)
         t0 = time.perf_counter()
         import sglang  # noqa: F401  (import time reported separately from start time)

@@ -90,12 +90,17 @@ Speculation (``SpecConfig`` -> ``ServerArgs``)
   with the round's last token, the same penalty for every draft position, and the
   min_new_tokens counter counting rounds). SGLang refuses none of these, so
   ``sampling_with_speculation`` equals ``sampling``.
-* ``eagle`` / ``eagle3`` -> ``EAGLE`` / ``EAGLE3`` chains (``speculative_draft_model_path`` =
-  the head, topk 1, ``num_draft_tokens = K + 1``; ``draft_sampling="sampled"`` ->
-  ``speculative_use_rejection_sampling=True``, SGLang's only sampled drafter): mapped but
-  refused while :data:`HEADS_ENABLED` is False, because specfuzz's heads
-  (``tablegen.eagle``) follow vLLM's layouts and SGLang's ``models/llama_eagle*.py`` have
-  not been checked against them.
+* ``eagle`` / ``eagle3`` -> ``EAGLE`` / ``EAGLE3`` chains (``models/llama_eagle.py``,
+  ``llama_eagle3.py``; topk 1, ``speculative_num_steps = K``, ``num_draft_tokens = K + 1``).
+  ``EngineConfig.draft_dir`` is a head written by :mod:`specfuzz.tablegen.eagle`; the
+  adapter hands SGLang its SGLang-layout twin (:func:`~specfuzz.tablegen.eagle.sglang_head`:
+  architecture names, a zero ``fc.bias``). The head drafts from exactly its table's row of
+  the current token, whatever hidden states SGLang feeds it (checked with greedy runs:
+  ``bench/check_heads.py``). ``draft_sampling="greedy"`` is SGLang's default drafter
+  (argmax); ``"sampled"`` sets ``speculative_use_rejection_sampling=True`` (draft
+  ``q = softmax(l / T_request)``, ``spec_utils.sample_draft_proposal``), which SGLang refuses
+  for a reduced EAGLE-3 vocabulary ("requires the draft and target to share one vocab",
+  ``EagleWorkerV2.__init__``): refused here with that reason.
 * Acceptance statistics per request from ``meta_info``: ``spec_num_proposed_drafts``
   (``spec_verify_ct * (num_draft_tokens - 1)``, padding included) and
   ``spec_num_correct_drafts`` (``TokenizerManager._calculate_spec_decoding_metrics``).
@@ -157,11 +162,12 @@ from specfuzz.oracle.speculative import ENGINE_METHODS, SpecConfig
 
 # Speculation methods this adapter maps onto SGLang (and for which specfuzz writes checkpoints).
 METHODS: tuple[str, ...] = ("draft_model", "ngram", "eagle_tree", "ngram_tree")
-# EAGLE heads (EngineConfig.draft_dir is the head checkpoint): mapped onto EAGLE / EAGLE3
-# below but refused while HEADS_ENABLED is False: specfuzz's heads follow vLLM's layouts
-# (tablegen.eagle) and have not been run through SGLang's llama_eagle*.py workers yet.
+# EAGLE heads (EngineConfig.draft_dir is a tablegen.eagle head; SGLang gets its
+# SGLang-layout twin, tablegen.eagle.sglang_head).
 HEAD_METHODS: tuple[str, ...] = ("eagle", "eagle3")
-HEADS_ENABLED = False
+# A switch for a SGLang whose EAGLE loaders stop matching the heads (the check is
+# bench/check_heads.py --engine sglang): False refuses eagle/eagle3 with the reason.
+HEADS_ENABLED = True
 ALGORITHMS: dict[str, str] = {
     "ngram": "NGRAM", "ngram_tree": "NGRAM",
     "draft_model": "STANDALONE", "eagle_tree": "STANDALONE",
@@ -238,8 +244,7 @@ def speculative_kwargs(spec: SpecConfig | None, *, draft_dir: Path | None = None
     if spec.method in HEAD_METHODS and not HEADS_ENABLED:
         raise InvalidInput(
             "speculation.method", spec.method,
-            f"one of {METHODS}: SGLang's {ALGORITHMS[spec.method]} needs an EAGLE head checkpoint in SGLang's layout "
-            "(speculative_draft_model_path); specfuzz's heads follow vLLM's and are not validated with SGLang yet",
+            f"one of {METHODS}: the SGLang adapter's EAGLE heads are switched off (HEADS_ENABLED)",
         )
     if spec.method not in METHODS + (HEAD_METHODS if HEADS_ENABLED else ()):
         raise InvalidInput("speculation.method", spec.method, f"one of {METHODS} (the SGLang adapter maps these; of {ENGINE_METHODS})")
@@ -272,6 +277,12 @@ def speculative_kwargs(spec: SpecConfig | None, *, draft_dir: Path | None = None
             raise InvalidInput("speculation.draft_temperature", spec.draft_temperature, "None (SGLang scales the draft by the request's temperature)")
         if draft_dir is None:
             raise InvalidInput("draft_dir", None, f"an EAGLE head checkpoint folder for method {spec.method!r}")
+        if spec.draft_sampling == "sampled" and None not in (draft_vocab, target_vocab) and draft_vocab != target_vocab:
+            raise InvalidInput(
+                "speculation.draft_sampling", spec.draft_sampling,
+                f"'greedy' for a reduced draft vocabulary ({draft_vocab} of {target_vocab}): SGLang's rejection sampling "
+                "'requires the draft and target to share one vocab' (EagleWorkerV2)",
+            )
         return {
             "speculative_algorithm": algo,
             "speculative_draft_model_path": str(draft_dir),
@@ -512,7 +523,7 @@ class SGLangEngine(Engine):
         if st.get("enable_deterministic_inference"):
             sampling -= NOT_WITH_DETERMINISTIC
         return Capabilities(
-            methods=METHODS,
+            methods=METHODS + (HEAD_METHODS if HEADS_ENABLED else ()),
             sampling=frozenset(sampling),
             dtypes=DTYPES,
             profile="sglang",
@@ -521,6 +532,8 @@ class SGLangEngine(Engine):
             spec_knobs={
                 "verify": ("token",), "draft_sampling": ("greedy",), "draft_temperature": (None,),
                 "inject": (None,), "ngram_min": (1,),
+                # EAGLE heads also draft by rejection sampling (speculative_use_rejection_sampling).
+                "eagle.draft_sampling": ("greedy", "sampled"), "eagle3.draft_sampling": ("greedy", "sampled"),
             },
             restart_in_process=False,
             # SGLang refuses none of them with speculation on (what it does with them: module docstring).
@@ -587,6 +600,11 @@ class SGLangEngine(Engine):
         dv = None
         if isinstance(spec, SpecConfig) and spec.method in METHODS and spec.uses_draft_model and config.draft_dir is not None:
             dv = read_config(Path(config.draft_dir), "draft_dir").get("vocab_size")
+        if isinstance(spec, SpecConfig) and spec.method in HEAD_METHODS and HEADS_ENABLED and config.draft_dir is not None:
+            head = read_config(Path(config.draft_dir), "draft_dir")
+            if head.get("vocab_size") != tv:
+                raise InvalidInput("head vocab_size", head.get("vocab_size"), f"the target's vocab_size={tv}")
+            dv = head.get("draft_vocab_size") or head.get("vocab_size")
         spec_kw = speculative_kwargs(spec, draft_dir=config.draft_dir, target_vocab=tv, draft_vocab=dv)
         t = settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
@@ -639,6 +657,10 @@ class SGLangEngine(Engine):
         if kwargs.get("random_seed") is None:
             kwargs["random_seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         self.random_seed = int(kwargs["random_seed"])
+        if isinstance(config.speculation, SpecConfig) and config.speculation.method in HEAD_METHODS:
+            from specfuzz.tablegen.eagle import sglang_head
+
+            kwargs["speculative_draft_model_path"] = str(sglang_head(config.draft_dir))
         env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}
         self._shutdown_timeout_s = float(settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S))
 

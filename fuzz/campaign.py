@@ -145,9 +145,12 @@ class Campaign:
         self.totals["runs"] += 1
         self._t_saved = time.monotonic()
         self.known: set[str] = {e.signature for _, e in self.corpus.entries() if isinstance(e, Entry)}
+        # Crashes already stored shrunk: not shrunk again. One stored unshrunk (found while
+        # shrinking something else, or by a version without crash shrinking) is shrunk
+        # when a search meets it again.
         self.known_crashes: set[str] = {
             _crash_key_of(e.extra.get("crash_kind"), e.evidence)
-            for _, e in self.corpus.entries() if isinstance(e, Entry) and e.kind == "crash"
+            for _, e in self.corpus.entries() if isinstance(e, Entry) and e.kind == "crash" and e.extra.get("shrunk") is True
         }
 
     # -- state ---------------------------------------------------------------------
@@ -210,7 +213,8 @@ class Campaign:
         entry.extra["shrunk"] = shrunk
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)
-        self.known_crashes.add(crash_key(crash))
+        if shrunk:
+            self.known_crashes.add(crash_key(crash))
         if new:
             self.stats.stored.append(path.name)
         self.on_event(f"crash ({crash.kind}): {crash.detail} -> {path.name}", self.stats)

@@ -37,7 +37,12 @@ EAGLE-3 — ``kind="eagle3"``
     is ``s e_y`` or 0) leaves exactly ``s e_x``, whether the residual is taken before or
     after ``hidden_norm``. ``fc`` (the three target layers' aux hidden states) is zero,
     MLP zero, final norm 1/s, so logits = lm_head applied to e_x = the draft row of x.
-    The target is written with 2 layers so that the aux layer ids (0, 1, 2) exist.
+    The target is written with 4 layers so that the aux layer ids (0, 1, 2) exist in
+    vLLM's convention (input of layer i) and in SGLang's (input of layer i + 1).
+
+SGLang (``models/llama_eagle.py``, ``llama_eagle3.py``) loads the same weights under
+other architecture names and gives EAGLE's ``fc`` a bias: :func:`sglang_head` writes
+that variant next to the head (same tables, same arithmetic).
 
 Both heads therefore draft from the current token only, whatever the hidden states the
 engine feeds them (target's aux states, or the head's own output in later steps).
@@ -71,7 +76,10 @@ from specfuzz.tablegen.rounding import DTYPES, MASKED_LOGIT, round_table
 
 KINDS = ("eagle", "eagle3")
 # Layers of a target that an EAGLE-3 head reads aux hidden states from.
-EAGLE3_TARGET_LAYERS = 2
+# vLLM captures the input of layer i for aux id i (id L = the last layer's output), SGLang
+# the input of layer i + 1 (models/llama.py set_eagle3_layers_to_capture): with 4 layers
+# both engines find all three aux states of ids (0, 1, 2) (SGLang's layers 1, 2, 3).
+EAGLE3_TARGET_LAYERS = 4
 EAGLE3_AUX_LAYER_IDS = (0, 1, 2)
 # Sharp attention: number of rotary pairs carrying q = k = c, and |c|.
 SHARP_PAIRS = 8
@@ -181,8 +189,12 @@ def write_eagle_head(
             raise InvalidInput("target hidden_size", H, f">= 2V = {2 * V}")
     else:
         n_layers = int(cfg.get("num_hidden_layers", 1))
-        if n_layers < max(EAGLE3_AUX_LAYER_IDS):
-            raise InvalidInput("target num_hidden_layers", n_layers, f">= {max(EAGLE3_AUX_LAYER_IDS)} (written with eagle_target_kwargs('eagle3'))")
+        if n_layers < max(EAGLE3_AUX_LAYER_IDS) + 2:
+            raise InvalidInput(
+                "target num_hidden_layers", n_layers,
+                f">= {max(EAGLE3_AUX_LAYER_IDS) + 2} (written with eagle_target_kwargs('eagle3'): SGLang reads aux id i "
+                "from the input of layer i + 1)",
+            )
     rounded = _round_rect(table, dtype)  # [V, Vd]
     if kind == "eagle":
         # The head drafts from the target's lm_head: it must hold exactly this table.
@@ -350,3 +362,98 @@ def load_head_table(head_dir: str | os.PathLike[str]) -> tuple[np.ndarray, tuple
         return np.ascontiguousarray(lm[:, :V].T), tuple(range(lm.shape[0]))
     off = w["d2t"].numpy().tolist()
     return np.ascontiguousarray(lm[:, :V].T), tuple(j + o for j, o in enumerate(off))
+
+
+# ----------------------------------------------------------------------------- SGLang layout
+
+# SGLang picks a draft model's class from its config's architectures (no renaming by method).
+SGLANG_ARCHITECTURES = {"eagle": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}
+
+
+def sglang_head(head_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The head at ``head_dir`` in SGLang 0.5's layout, written once next to it (``<name>-sglang``).
+
+    SGLang's ``LlamaForCausalLMEagle`` has ``fc = nn.Linear(2H, H)`` *with* a bias, which a
+    checkpoint without ``fc.bias`` leaves at its random initialisation: the variant adds a
+    zero bias. ``LlamaForCausalLMEagle3`` reads the same names as vLLM's (``d2t`` is the same
+    offset map, ``hot_token_id = d2t + arange``). Both need their architecture name in
+    config.json. Weights, tables and head metadata are otherwise the head's own.
+    """
+    src = Path(head_dir)
+    meta_path = src / META_FILE
+    if not meta_path.is_file() or not (src / "config.json").is_file():
+        raise InvalidInput("head_dir", str(src), "an EAGLE head folder written by write_eagle_head")
+    meta = json.loads(meta_path.read_text())
+    kind = meta.get("kind")
+    if kind not in KINDS:
+        raise InvalidInput("head kind", kind, f"one of {KINDS}")
+    out = Path(out_dir) if out_dir is not None else src.with_name(src.name + "-sglang")
+    if (out / "config.json").is_file():
+        return out
+    from safetensors.torch import load_file, save_file
+
+    import torch
+
+    weights = load_file(str(src / WEIGHTS_FILE))
+    if kind == "eagle":
+        fc = weights["fc.weight"]
+        weights["fc.bias"] = torch.zeros(fc.shape[0], dtype=fc.dtype)  # [H]
+    config = json.loads((src / "config.json").read_text())
+    config["architectures"] = [SGLANG_ARCHITECTURES[kind]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        _write_json(tmp / "config.json", config)
+        _write_json(tmp / META_FILE, {**meta, "layout": "sglang", "source": src.name})
+        for f in src.iterdir():
+            if f.is_file() and f.name not in (WEIGHTS_FILE, "config.json", META_FILE):
+                shutil.copyfile(f, tmp / f.name)
+        os.chmod(tmp, 0o755)
+        try:
+            _move_into_place(tmp, out)
+        except OSError:
+            if not (out / "config.json").is_file():  # another process wrote it meanwhile: fine
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# ----------------------------------------------------------------------------- what an engine drafts
+
+
+def greedy_acceptance(target_table: np.ndarray, draft_table: np.ndarray, d2t: tuple[int, ...] | None,
+                      prompt_last: int, max_tokens: int, K: int) -> tuple[int, int]:
+    """(drafted, accepted) of one greedy request with greedy target and a head that drafts
+    argmax of its table's row of the current token, in chains of ``K``, when the engine
+    samples the first token in prefill (vLLM, SGLang). The tables must have unique row
+    maxima (no ties), so both the output and the acceptance are deterministic.
+
+    An engine's accepted count equal to this for every prompt shows the head drafts from
+    exactly that row; a head reading any other context gives other counts.
+    """
+    T = np.asarray(target_table)
+    Dt = np.asarray(draft_table)
+    ids = np.arange(Dt.shape[1]) if d2t is None else np.asarray(d2t)
+    tmap = {x: int(np.argmax(T[x])) for x in range(T.shape[0])}
+    dmap = {x: int(ids[np.argmax(Dt[x])]) for x in range(T.shape[0])}
+    out = [tmap[prompt_last]]
+    drafted = accepted = 0
+    while len(out) < max_tokens:
+        x = out[-1]
+        d = []
+        for _ in range(K):
+            x = dmap[x]
+            d.append(x)
+        drafted += K
+        x, n = out[-1], 0
+        for tok in d:
+            if tmap[x] != tok:
+                break
+            n, x = n + 1, tok
+        accepted += n
+        out += d[:n] + [tmap[x]]
+    return drafted, accepted

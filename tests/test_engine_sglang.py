@@ -140,8 +140,7 @@ def test_eagle_tree_maps_to_standalone_tree_within_sglangs_candidate_count(tmp_p
 @pytest.mark.parametrize(
     "spec,needle",
     [
-        (SpecConfig("eagle", 1), "EAGLE head"),
-        (SpecConfig("eagle3", 2), "EAGLE head"),
+        (SpecConfig("eagle", 1), "draft_dir"),
         (SpecConfig("suffix", 1), "speculation.method='suffix'"),
         (SpecConfig("draft_model", 2, verify="block"), "speculation.verify='block'"),
         (SpecConfig("ngram", 2, inject="N4"), "speculation.inject='N4'"),
@@ -153,8 +152,25 @@ def test_eagle_tree_maps_to_standalone_tree_within_sglangs_candidate_count(tmp_p
 )
 def test_speculation_sglang_cannot_run_as_specified_is_refused_naming_the_knob(tmp_path, spec, needle):
     with pytest.raises(InvalidInput) as info:
-        speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+        speculative_kwargs(spec, draft_dir=None if needle == "draft_dir" else tmp_path, target_vocab=6, draft_vocab=6)
     assert needle in str(info.value), str(info.value)
+
+
+def test_sampled_drafts_from_a_reduced_eagle3_vocabulary_are_refused_with_sglangs_reason(tmp_path):
+    with pytest.raises(InvalidInput, match="share one vocab") as info:
+        speculative_kwargs(SpecConfig("eagle3", 2), draft_dir=tmp_path, target_vocab=6, draft_vocab=4)
+    assert "draft_sampling='sampled'" in str(info.value)
+    kw = speculative_kwargs(SpecConfig("eagle3", 2, draft_sampling="greedy"), draft_dir=tmp_path, target_vocab=6, draft_vocab=4)
+    assert kw["speculative_use_rejection_sampling"] is False
+
+
+def test_heads_switched_off_are_refused_naming_the_switch(monkeypatch, tmp_path):
+    import specfuzz.engines.sglang_engine as sg
+
+    monkeypatch.setattr(sg, "HEADS_ENABLED", False)
+    with pytest.raises(InvalidInput, match="HEADS_ENABLED"):
+        speculative_kwargs(SpecConfig("eagle3", 2), draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+    assert "eagle" not in sg.SGLangEngine().capabilities().methods
 
 
 def test_standalone_tree_topk_beyond_the_vocabulary_is_refused(tmp_path):
@@ -191,11 +207,8 @@ def test_every_mapped_key_and_default_is_a_server_args_field_of_sglang(server_ar
 
 
 @pytest.mark.parametrize("method,algo", [("eagle", "EAGLE"), ("eagle3", "EAGLE3")])
-def test_eagle_heads_are_mapped_ready_to_enable_onto_server_args_fields(monkeypatch, tmp_path, server_args_fields, method, algo):
-    import specfuzz.engines.sglang_engine as sg
-
-    monkeypatch.setattr(sg, "HEADS_ENABLED", True)
-    kw = speculative_kwargs(SpecConfig(method, 3), draft_dir=tmp_path, target_vocab=6, draft_vocab=4)
+def test_eagle_heads_map_onto_server_args_fields(tmp_path, server_args_fields, method, algo):
+    kw = speculative_kwargs(SpecConfig(method, 3), draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
     assert kw == {
         "speculative_algorithm": algo, "speculative_draft_model_path": str(tmp_path), "speculative_num_steps": 3,
         "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "speculative_use_rejection_sampling": True,
@@ -380,10 +393,11 @@ def test_missing_target_checkpoint_is_refused(tmp_path):
 
 def test_capabilities_follow_the_settings():
     caps = SGLangEngine().capabilities()
-    assert set(caps.methods) == {"ngram", "ngram_tree", "draft_model", "eagle_tree"}
+    assert set(caps.methods) == {"ngram", "ngram_tree", "draft_model", "eagle_tree", "eagle", "eagle3"}
     assert caps.profile == "sglang" and caps.dtypes == ("bfloat16", "float16") and caps.draft_vocab == "narrower"
     assert caps.restart_in_process is False
     assert caps.spec_knobs["draft_sampling"] == ("greedy",) and caps.spec_knobs["verify"] == ("token",)
+    assert caps.spec_knobs["eagle3.draft_sampling"] == ("greedy", "sampled")  # rejection sampling for heads
     assert caps.spec_knobs["ngram_min"] == (1,)
     assert {"temperature", "top_k", "top_p", "min_p", "logit_bias", "repetition_penalty", "stop_token_ids"} <= caps.sampling
     assert not caps.sampling & {"min_tokens", "allowed_token_ids", "bad_words", "regex", "choice", "thinking_budget"}
@@ -604,6 +618,9 @@ SPEC_CASES = [
     ("standalone-identical-K3", SpecConfig("draft_model", 3, draft_sampling="greedy"), T),
     ("standalone-narrower-K2", SpecConfig("draft_model", 2, draft_sampling="greedy"), T[:, :4]),
     ("standalone-tree", SpecConfig("eagle_tree", 2, draft_sampling="greedy", tree_topk=2, tree_budget=4), T),
+    ("eagle-K2", SpecConfig("eagle", 2, draft_sampling="greedy"), T),
+    ("eagle3-reduced-K2", SpecConfig("eagle3", 2, draft_sampling="greedy"), T[:, :4]),
+    ("eagle3-rejection-sampling-K2", SpecConfig("eagle3", 2), T),
 ]
 
 
@@ -634,3 +651,14 @@ def test_gpu_speculation_on_random_sampling_agrees_with_mu(spec_engine):
     assert run.crash is None, run.crash
     assert run.proposed > 0
     assert run.judgement.verdict.status != "fail", f"{name}: {run.judgement.verdict.evidence}"
+
+
+@gpu
+@needs_gpu
+def test_gpu_eagle_heads_draft_exactly_from_their_tables(tmp_path):
+    """Greedy target and drafts: SGLang's accepted counts equal those predicted from the
+    heads' tables (EAGLE, reduced EAGLE-3, full-width permuted EAGLE-3)."""
+    from specfuzz.engines.headcheck import check_heads
+
+    report = check_heads("sglang", tmp_path, dtype=DTYPE)
+    assert report["ok"], json.dumps(report, default=str)[:4000]

@@ -78,6 +78,44 @@ def test_crash_entries_record_dtype_settings_and_the_batch(tmp_path):
     assert [p["prompt"] for p in e.extra["batch_patterns"]] == [[0], [1, 2]]
 
 
+def test_an_unshrunk_crash_is_shrunk_again_and_replaced_keeping_the_old_case(tmp_path):
+    """A crash stored before crash shrinking existed (or found while shrinking something
+    else) is not 'known': the next search that meets it shrinks it, and the shrunk entry
+    replaces it under the same signature, keeping the old case."""
+    from specfuzz.fuzz.corpus import Corpus
+
+    T = np.zeros((3, 3), np.float32)
+    big = Case(T, (0, 1, 2), SP(max_tokens=3, temperature=0.5), spec=SpecConfig("ngram", 2))
+    small = Case(T, (0,), SP(max_tokens=2, temperature=0.5), spec=SpecConfig("ngram", 1))
+
+    class Eng:
+        def version(self):
+            return {"name": "reference"}
+
+    crash = EngineCrash("signal", "killed at step 17")
+    corpus = Corpus(tmp_path / "c")
+    old = crash_entry(Eng(), big, crash, "reference")
+    old.extra["shrunk"] = False
+    path, new = corpus.store(old)
+    assert new
+    cfg = CampaignConfig(engine="reference", budget_s=5, corpus_dir=tmp_path / "c", methods=("ngram",), work_dir=tmp_path / "wd")
+    camp = Campaign(cfg)
+    assert camp.known_crashes == set()  # not shrunk yet: a search shrinks it when it meets it
+    shrunk = crash_entry(Eng(), small, EngineCrash("signal", "killed at step 3"), "reference")
+    shrunk.extra["shrunk"] = True
+    assert shrunk.signature == old.signature
+    path2, new2 = corpus.store(shrunk)
+    assert path2 == path and not new2
+    d = json.loads(path.read_text())
+    assert d["case"]["prompt"] == [0] and d["times_seen"] == 2 and d["extra"]["shrunk"] is True
+    assert d["extra"]["unshrunk"]["case"]["prompt"] == [0, 1, 2]
+    assert len(Campaign(cfg).known_crashes) == 1  # shrunk now: not shrunk again
+    again = crash_entry(Eng(), big, crash, "reference")
+    corpus.store(again)  # an unshrunk sighting does not replace the shrunk entry
+    d = json.loads(path.read_text())
+    assert d["case"]["prompt"] == [0] and d["times_seen"] == 3
+
+
 def test_calibration_entries_are_drafted_with_speculation_off_under_the_engines_profile():
     path = REPO / "corpus" / "h200" / "sglang" / "calibration-f86d3e8d69c2be28.json"
     entry = Entry.from_json(json.loads(path.read_text()))
