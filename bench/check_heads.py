@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     for name, row in report["cases"].items():
         if "accepted_total" in row:
-            print(f"{name}: ok={row['ok']} accepted {row['accepted_total']} predicted {row['predicted_accepted_total']} "
+            print(f"{name}: {row['status']}: accepted {row['accepted_total']} predicted {row['predicted_accepted_total']} "
                   f"matches {row['accepted_matches']}/{row['with_stats']} wrong outputs {row['wrong_outputs']}/{row['requests']}")
         else:
             print(f"{name}: ok=False {row.get('crash') or row.get('error')}")

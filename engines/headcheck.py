@@ -110,6 +110,10 @@ def check_heads(engine: str, root: Path, *, dtype: str = "float32", settings: Ma
             ok=wrong_outputs == 0 and len(stats) == len(outs) and matches == len(stats),
             requests_detail=per_prompt[::COPIES],
         )
+        # Why not ok: an engine without per-request acceptance statistics (vLLM 0.25 has no
+        # RequestOutput spec_decode_metrics) leaves the drafting unverified, not wrong.
+        row["status"] = ("wrong outputs" if wrong_outputs else "no acceptance statistics" if not stats
+                         else "accepted counts differ" if matches < len(stats) or len(stats) < len(outs) else "match")
         report["cases"][name] = row
     report["ok"] = bool(report["cases"]) and all(r["ok"] for r in report["cases"].values())
     return report

@@ -212,6 +212,28 @@ def _is_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
+# Vocabularies at least this large never meet Model Runner V2's warmup limit (below).
+V2_MIN_VOCAB_BOUND = 64
+
+
+def _v2_min_vocab() -> int:
+    """The smallest vocabulary Model Runner V2 starts on, detected at run time.
+
+    V2 warms its sampler up at start with ``SamplingParams.for_sampler_warmup()``, whose
+    ``logprobs=5`` (vLLM 0.25) become ``torch.topk(logits, 5)``: on a vocabulary of fewer
+    than 5 tokens the engine dies at start ("selected index k out of range"). Stored as
+    a crash finding (corpus/h200/vllm/crash-c35473a506b6e6fb); a vLLM without the helper
+    has no such limit known here.
+    """
+    try:
+        from vllm import SamplingParams as VSP
+
+        w = VSP.for_sampler_warmup()
+    except Exception:  # noqa: BLE001 - older/newer vLLM: nothing known
+        return 2
+    return max(2, int(getattr(w, "logprobs", None) or 0), int(getattr(w, "prompt_logprobs", None) or 0))
+
+
 def _has_cuda() -> bool:
     """A CUDA device (decided without importing vLLM's platform layer)."""
     try:
@@ -354,6 +376,15 @@ class VLLMEngine(Engine):
         if not isinstance(tv, int) or tv < 2:
             raise InvalidInput("target vocab_size", tv, "an integer >= 2 in the target's config.json")
         settings = self.settings_for(config)
+        if tv < V2_MIN_VOCAB_BOUND and self._model_runner(settings, config) == "v2":
+            need = _v2_min_vocab()
+            if tv < need:
+                raise InvalidInput(
+                    "target vocab_size", tv,
+                    f">= {need} on Model Runner V2: its start-up warmup samples with "
+                    f"SamplingParams.for_sampler_warmup() (logprobs={need}), and torch.topk fails on a smaller "
+                    "vocabulary ('selected index k out of range'; corpus/h200/vllm/crash-c35473a506b6e6fb)",
+                )
         extra_spec = settings.get("speculative_config") or {}
         if not isinstance(extra_spec, Mapping):
             raise InvalidInput("settings['speculative_config']", extra_spec, "a dict of extra vLLM speculative_config keys")

@@ -250,6 +250,23 @@ def test_model_runner_setting_is_validated(tmp_path):
         _refused_before_start(EngineConfig(target_dir=cfg.target_dir, settings={"model_runner": "v2"}), "model_runner']='v2'", "CUDA")
 
 
+def test_model_runner_v2_is_refused_below_its_warmup_vocabulary(tmp_path, monkeypatch):
+    """vLLM 0.25's V2 warmup asks for 5 logprobs and dies on a smaller vocabulary (a stored
+    H200 crash): the adapter refuses such configs before start, naming the limit."""
+    import specfuzz.engines.vllm_engine as ve
+
+    monkeypatch.setattr(ve, "_has_cuda", lambda: True)
+    monkeypatch.setattr(ve, "_v2_min_vocab", lambda: 5)
+    from specfuzz.tablegen import write_checkpoint
+
+    small = write_checkpoint(tmp_path / "t3", np.zeros((3, 3), np.float32)).path
+    eng = VLLMEngine()
+    cfg = EngineConfig(target_dir=small, settings={"model_runner": "v2"})
+    with pytest.raises(InvalidInput, match=r"target vocab_size=3.*>= 5 on Model Runner V2"):
+        eng.check_config(cfg)
+    eng.check_config(EngineConfig(target_dir=small, settings={"model_runner": "v1"}))  # V1 has no such limit
+
+
 def test_zero_speculative_tokens_never_reaches_the_adapter():
     with pytest.raises(InvalidInput, match="num_speculative_tokens=0"):
         SpecConfig("ngram", 0)
