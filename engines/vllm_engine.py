@@ -159,6 +159,9 @@ DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 DEFAULT_CPU_MEMORY_UTILIZATION = 0.3
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULT_SEED = 0
+# A logits row that comes back as log-probabilities (vLLM 0.25 CUDA V1 prompt logprobs under
+# raw_logits) is compared with the table's float64 log-softmax within this (float32 rounding).
+LOGPROB_ROW_TOLERANCE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -819,7 +822,7 @@ class VLLMEngine(Engine):
                 # even under raw_logits: a row that is exactly the table's log-softmax (within
                 # 1e-5) still shows that the engine's logits are the table's.
                 alt = diffs(got, logsoftmax, ctx)
-                if all(d <= 1e-5 for *_, d in alt):
+                if all(d <= LOGPROB_ROW_TOLERANCE for *_, d in alt):
                     as_logprobs += 1
                     worst = max(worst, max(d for *_, d in alt))
                     continue
@@ -828,7 +831,10 @@ class VLLMEngine(Engine):
                 if d > tol:
                     bad.append((ctx, tok, g, e))
         return LogitsReport(
-            ok=not bad and len(rows) > 0, mode=mode if not as_logprobs else f"{mode} ({as_logprobs} rows as log-probabilities)",
+            ok=not bad and len(rows) > 0,
+            mode=mode if not as_logprobs else (
+                f"{mode} ({as_logprobs} of {len(rows)} rows came back as log-probabilities: compared with the "
+                f"table's log-softmax within {LOGPROB_ROW_TOLERANCE:g}; tolerance {tol:g} for the others)"),
             positions=len(rows), max_abs_diff=worst,
             tolerance=tol, contexts=tuple(c for c, _ in rows), mismatches=tuple(bad),
         )

@@ -21,6 +21,7 @@ resumes where it was, on this machine or another.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import signal
@@ -54,6 +55,30 @@ SEARCH_SLICE_MIN_S = 60.0
 # The budget is enforced inside examples; a SIGALRM this long after the deadline stops
 # the campaign even inside Hypothesis's internals or a slow engine call.
 WATCHDOG_GRACE_S = 10.0
+
+
+def family_key(cases: list[Case]) -> str:
+    """A digest of a case family (tables, prompts, params, speculation)."""
+    blob = json.dumps([c.to_json() for c in cases], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def simplest_key(strategy) -> str | None:
+    """The key of the example Hypothesis tries first in a search (its all-simplest choices,
+    whatever the seed); not ``find``'s result, which prefers fewer choices (another method)."""
+    seen: list = []
+
+    @settings(database=None, max_examples=1, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def first(fam) -> None:
+        seen.append(fam)
+
+    try:
+        first()
+    except Exception:  # noqa: BLE001 - no simplest example to skip is harmless
+        return None
+    return family_key(seen[0]) if seen else None
 
 
 def crash_key(crash: EngineCrash) -> str:
@@ -143,6 +168,10 @@ class Campaign:
         self.totals.setdefault("runs", 0)
         self.totals.setdefault("methods", {})
         self.totals["runs"] += 1
+        # Keys of the simplest families (one per method order) already run: Hypothesis
+        # starts every search with its simplest example, and a slow engine's search sees
+        # only one or two examples, so without this most engine starts would re-run it.
+        self.simplest_run: set[str] = set(state.get("simplest_run") or []) if state else set()
         self._t_saved = time.monotonic()
         self.known: set[str] = {e.signature for _, e in self.corpus.entries() if isinstance(e, Entry)}
         # Crashes already stored shrunk: not shrunk again. One stored unshrunk (found while
@@ -173,6 +202,7 @@ class Campaign:
             "spender": json.loads(self.spender.to_json()),
             "searches": self.search_index,
             "totals": self.totals,
+            "simplest_run": sorted(self.simplest_run),
         })
 
     def _count(self, cases: list[Case], runs: list[CaseRun], speculation: bool) -> None:
@@ -271,6 +301,7 @@ class Campaign:
         # (the strategy's method order rotates between searches); shrinking a failure
         # runs on until the campaign's own budget ends.
         slice_end = time.monotonic() + max(SEARCH_SLICE_MIN_S, self.cfg.budget_s / (2 * max(1, len(self._methods()))))
+        simplest = simplest_key(strategy)
 
         @hyp_seed(search_seed)
         @settings(
@@ -285,6 +316,11 @@ class Campaign:
                 raise BudgetExhausted
             if not label_of_first and not crash_first and time.monotonic() > slice_end:
                 raise SearchSliceOver
+            if simplest is not None and family_key(cases) == simplest:
+                # Every search opens with its simplest example: run it once per campaign.
+                if simplest in self.simplest_run:
+                    reject()
+                self.simplest_run.add(simplest)
             alphas = [self.spender.peek()] * len(cases)
             try:
                 runs = self._run(cases, alphas, next_seed(), speculation=speculation)

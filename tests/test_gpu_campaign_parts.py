@@ -49,6 +49,40 @@ def test_each_search_starts_with_the_next_method(tmp_path, rotate, first):
     assert seen[0] == first
 
 
+def test_the_simplest_family_runs_once_per_campaign_not_once_per_search(tmp_path):
+    """Hypothesis opens every search with its simplest example; a slow engine's search sees
+    one or two examples, so re-running it each time would make most engine starts the
+    same minimal family (the H200 vLLM campaign: 22 engine starts, every one K=1). It runs
+    once per campaign (kept across resumed runs); later searches go straight to random ones."""
+    from specfuzz.fuzz.campaign import family_key, simplest_key
+
+    cfg = CampaignConfig(engine="reference", budget_s=60, corpus_dir=tmp_path / "c", methods=("draft_model", "ngram"),
+                         work_dir=tmp_path / "wd", max_samples=50)
+    camp = Campaign(cfg)
+    ran: list[str] = []
+    real_run = camp._run
+
+    def spy(cases, *a, **kw):
+        ran.append(family_key(cases))
+        return real_run(cases, *a, **kw)
+
+    camp._run = spy
+    try:
+        strategy = camp._strategy(rotate=0)
+        key = simplest_key(strategy)
+        for i in range(3):
+            camp._search(strategy, 1000 + i)
+        assert ran.count(key) == 1 and len(ran) > 3
+        camp._save_state()
+    finally:
+        camp.engine.close()
+    resumed = Campaign(cfg)
+    try:
+        assert key in resumed.simplest_run  # persisted with the campaign state
+    finally:
+        resumed.engine.close()
+
+
 def test_totals_per_method_add_up_over_resumed_runs(tmp_path):
     kw = dict(engine="reference", corpus_dir=tmp_path / "c", work_dir=tmp_path / "wd", max_samples=200)
     a = Campaign(CampaignConfig(budget_s=4, **kw))
