@@ -63,6 +63,22 @@ def family_key(cases: list[Case]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def family_variants(case: Case) -> tuple[str, ...]:
+    """The speculation variant of a family, as counters: K, verification, draft sampling,
+    draft width relative to the target, tree shape."""
+    spec = case.spec
+    if spec is None:
+        return ()
+    out = [f"K={spec.num_speculative_tokens}", f"verify={spec.verify}"]
+    if case.draft_table is not None:
+        V, Vd = case.vocab_size, int(case.draft_table.shape[1])
+        out.append("draft=" + ("reduced" if Vd < V else "wider" if Vd > V else "full"))
+        out.append(f"draft_sampling={spec.draft_sampling}")
+    if spec.method.endswith("_tree"):
+        out.append(f"tree={spec.tree_topk}x{spec.tree_budget}")
+    return tuple(out)
+
+
 def simplest_key(strategy) -> str | None:
     """The key of the example Hypothesis tries first in a search (its all-simplest choices,
     whatever the seed); not ``find``'s result, which prefers fewer choices (another method)."""
@@ -211,6 +227,11 @@ class Campaign:
         m["families"] += 1
         m["patterns"] += len(cases)
         m["samples"] += sum(r.n for r in runs)
+        # Which variants of the method were run (families each), so that a note can say
+        # e.g. how many EAGLE-3 families had a reduced draft vocabulary or block verification.
+        variants = m.setdefault("variants", {})
+        for v in family_variants(cases[0]) if method != "off" else ():
+            variants[v] = variants.get(v, 0) + 1
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()

@@ -64,10 +64,12 @@ def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | N
     console.print(Panel(_stats_table(cfg, stats), title="specfuzz campaign summary"))
     if totals and totals.get("methods"):
         t = Table(title=f"campaign totals over {totals.get('runs', 1)} run(s), {totals.get('seconds', 0):.0f} s (resumed runs add up)")
-        for col in ("method", "families", "patterns", "samples"):
+        for col in ("method", "families", "patterns", "samples", "variants (families)"):
             t.add_column(col)
         for m, row in sorted(totals["methods"].items()):
-            t.add_row(m, str(row["families"]), str(row["patterns"]), str(row["samples"]))
+            var = row.get("variants") or {}
+            t.add_row(m, str(row["families"]), str(row["patterns"]), str(row["samples"]),
+                      ", ".join(f"{k} {n}" for k, n in sorted(var.items())))
         console.print(t)
     entries = [(p, e) for p, e in corpus.entries() if isinstance(e, Entry) and p.name in stats.stored]
     if entries:

@@ -95,7 +95,21 @@ def test_totals_per_method_add_up_over_resumed_runs(tmp_path):
     assert second["seconds"] > first["seconds"] > 0
     fam = lambda t: sum(m["families"] for m in t["methods"].values())  # noqa: E731
     assert fam(second) > fam(first) > 0
+    for m in second["methods"].values():  # variants count families: one K and one verify mode each
+        ks = sum(n for k, n in m["variants"].items() if k.startswith("K="))
+        assert ks == sum(n for k, n in m["variants"].items() if k.startswith("verify=")) == m["families"]
     assert sum(m["samples"] for m in second["methods"].values()) >= 200 * fam(second)
+
+
+def test_family_variants_name_k_verification_draft_width_and_tree_shape():
+    from specfuzz.fuzz.campaign import family_variants
+
+    T = np.zeros((4, 4), np.float32)
+    narrow = Case(T, (0,), SP(), spec=SpecConfig("eagle3", 2, draft_sampling="greedy"), draft_table=T[:, :3])
+    assert family_variants(narrow) == ("K=2", "verify=token", "draft=reduced", "draft_sampling=greedy")
+    tree = Case(T, (0,), SP(), spec=SpecConfig("ngram_tree", 3, tree_topk=2, tree_budget=5))
+    assert family_variants(tree) == ("K=3", "verify=token", "tree=2x5")
+    assert family_variants(Case(T, (0,), SP())) == ()
 
 
 def test_crash_entries_record_dtype_settings_and_the_batch(tmp_path):
