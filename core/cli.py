@@ -533,6 +533,82 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> 
         sys.exit(1)
 
 
+@main.command("shrink")
+@click.argument("entry_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--engine", default=None, help="Engine to shrink on (default: the entry's own).")
+@click.option("--inject", default=None, help="With --engine reference: inject this class.")
+@click.option("--budget", default="10m", show_default=True, help="Time budget: 90s, 10m, 2h.")
+@click.option("--samples", default=2000, show_default=True, help="Samples per candidate (findings and calibration entries).")
+@click.option("--alpha", default=1e-3, show_default=True, help="Level of each candidate's test (findings).")
+@click.option("--seed", default=54321, show_default=True)
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Report the shrunk case; do not write it into the corpus.")
+def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_dir, dry_run) -> None:
+    """Shrink a stored entry on its engine (greedy: smaller vocabulary, prompt, output,
+    K, tree and sampling settings while it still reproduces) and store the result in the
+    entry's folder: a crash stored unshrunk is replaced (its old case kept in the entry)."""
+    from specfuzz.case import Case
+    from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
+    from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
+    from specfuzz.fuzz.run import crash_entry, finding_entry
+    from specfuzz.fuzz.shrink import entry_reproducer, shrink
+    from specfuzz.fuzz.triage import entry_dtype, entry_settings
+
+    try:
+        entry = Entry.from_json(json.loads(entry_path.read_text()))
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"{entry_path}: not a readable corpus entry ({exc})", param_hint="ENTRY") from None
+    if entry.kind not in ("crash", "finding", "calibration", "regression"):
+        raise click.BadParameter(f"{entry_path}: kind {entry.kind!r} cannot be shrunk", param_hint="ENTRY")
+    spec, kw = (engine, _engine_kwargs(engine, inject)) if engine else engine_for_entry(entry)
+    budget_s = parse_budget(budget)
+    dtype, settings = entry_dtype(entry), entry_settings(entry) or None
+    case = Case.from_json(entry.case)
+    eng = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
+    try:
+        repro = entry_reproducer(entry, eng, work_dir=work_dir, samples=samples, alpha=alpha, seed=seed,
+                                 dtype=dtype, settings=settings)
+        console.print(f"checking that {entry_path.name} reproduces on {spec} ...")
+        first = repro(case)
+        if not first:
+            console.print(f"[yellow]{entry_path.name} does not reproduce on {spec}: nothing to shrink[/yellow]")
+            sys.exit(1)
+        res = shrink(case, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"))
+        if res.last_run is None:
+            res.last_run = first
+        console.print(f"{res.kept} reductions kept of {res.tried} tried in {res.seconds:.0f} s"
+                      + (" (budget exhausted: not minimal yet)" if res.budget_exhausted else " (no smaller candidate reproduces)"))
+        c = res.case
+        console.print(f"shrunk case: V={c.vocab_size}, prompt {list(c.prompt)}, params {c.params.to_json()}, "
+                      f"spec {None if c.spec is None else c.spec.to_json()}")
+        if dry_run or not res.kept:
+            return
+        run = res.last_run
+        if entry.kind == "crash":
+            crash = run if isinstance(run, EngineCrash) else run.crash
+            new = crash_entry(eng, c, crash, spec, dtype=dtype, settings=settings)
+        else:
+            new = finding_entry(dict(eng.version()), run, None)
+            new.kind = entry.kind if entry.kind == "calibration" else new.kind
+            new.attribution = new.attribution if entry.kind != "calibration" else None
+        for k in ("title", "note", "mechanism", "root_cause", "workaround", "upstream", "where_seen"):
+            if k in entry.extra:
+                new.extra[k] = entry.extra[k]
+        new.extra.update(shrunk=True, shrunk_from=entry_path.name,
+                         shrunk_by={"command": "specfuzz shrink", "steps": res.steps, "tried": res.tried,
+                                    "seconds": round(res.seconds, 1)})
+        path, is_new = Corpus(entry_path.parent).store(new)
+        if path.resolve() != entry_path.resolve():
+            # The smaller case has another signature (fewer features in play): the old entry
+            # stays, pointing at its shrunk version.
+            old = json.loads(entry_path.read_text())
+            old.setdefault("extra", {})["shrunk_into"] = path.name
+            atomic_write_json(entry_path, old)
+        console.print(f"stored {path} ({'new entry; ' + entry_path.name + ' points at it' if is_new else 'replaced, old case kept in it'})")
+    finally:
+        eng.close()
+
+
 def _register_optional_commands() -> None:
     from specfuzz.fuzz.triage_cli import draft_cmd, triage_cmd
 

@@ -192,8 +192,9 @@ class Corpus:
         """Write a new entry, or, if its signature is stored, mark the stored one seen again.
 
         The stored entry keeps its (already shrunk) case and evidence; only last_seen,
-        times_seen and a "fixed" status change. Exception: a crash stored unshrunk is
-        replaced by the same crash shrunk (its old case kept under ``extra["unshrunk"]``).
+        times_seen and a "fixed" status change. Exception: an entry stored unshrunk is
+        replaced by the same entry shrunk, and any entry by one ``specfuzz shrink`` made
+        (its old case kept under ``extra["unshrunk"]``).
         Returns (path, is_new).
         """
         path = self.path_for(entry)
@@ -203,10 +204,11 @@ class Corpus:
             except (ValueError, KeyError, TypeError, json.JSONDecodeError):
                 old = None  # unreadable: keep it untouched, store the new one beside it
                 path = path.with_name(f"{path.stem}-{entry.last_seen.replace(':', '')}.json")
-            if old is not None and old.kind == entry.kind == "crash" and entry.extra.get("shrunk") is True \
-                    and old.extra.get("shrunk") is not True:
-                # A crash stored unshrunk, now shrunk: the shrunk case replaces it (the old
-                # case is kept in extra, so nothing stored is lost).
+            if old is not None and old.kind == entry.kind and entry.extra.get("shrunk") is True \
+                    and (old.extra.get("shrunk") is not True or "shrunk_by" in entry.extra):
+                # An entry stored unshrunk, now shrunk (or shrunk further by `specfuzz
+                # shrink`): the shrunk case replaces it (the old case is kept in extra, so
+                # nothing stored is lost).
                 entry.first_seen = old.first_seen
                 entry.times_seen = old.times_seen + 1
                 entry.status = "new" if old.status == "fixed" else old.status

@@ -1,0 +1,235 @@
+"""Shrink a stored corpus entry on its engine: ``specfuzz shrink ENTRY``.
+
+A campaign shrinks what it finds with Hypothesis, but an entry can reach the corpus
+unshrunk or half-shrunk: a crash met while shrinking something else, one stored by an
+older specfuzz, a Hypothesis shrink that gave up on a slow engine (each candidate is an
+engine start). Hypothesis cannot resume from a stored case, so this is a greedy
+delta-debugging pass over the case itself: try a smaller candidate, keep it when the
+entry still reproduces, start over from it, until no candidate reproduces or the budget
+ends. Candidates, largest reductions first: drop a vocabulary token (tables, prompt and
+every token id remapped), shorten the prompt, fewer output tokens, smaller K / tree /
+n-gram window, each non-default sampling setting back to its default, no EOS, all-zero
+tables.
+
+"Reproduces": for a crash, the same crash (kind and message, numbers aside) on a fresh
+engine process; for a finding or a calibration entry, a failing verdict (attributed to
+the same class, unless the entry's was unknown) within ``samples`` at level ``alpha``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specfuzz.case import Case
+from specfuzz.errors import AmbiguousSemantics, InvalidInput, SpecfuzzError
+from specfuzz.oracle.params import SamplingParams
+
+# Sampling fields that hold target token ids (remapped when a token is dropped).
+_TOKEN_FIELDS = ("stop_token_ids", "allowed_token_ids", "think_end_token_id")
+
+
+def _key(case: Case) -> str:
+    return hashlib.sha256(json.dumps(case.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _ok(make: Callable[[], Case]) -> Case | None:
+    try:
+        return make()
+    except (InvalidInput, ValueError, TypeError, KeyError):
+        return None
+
+
+def drop_token(case: Case, v: int) -> Case | None:
+    """``case`` without vocabulary token ``v`` (ids above it move down by one), or None
+    when ``v`` is referenced (prompt, EOS, a stop/allowed/bias/bad-word id, a draft id map
+    entry that is its only column) or the vocabulary would fall below 2 tokens."""
+    V = case.vocab_size
+    if V <= 2 or v in case.prompt or case.eos_token_id == v:
+        return None
+    p = case.params
+    if p.regex is not None or p.choice is not None:
+        return None  # token texts would change under the constraint
+    refs = set(p.stop_token_ids) | set(p.allowed_token_ids or ()) | set(dict(p.logit_bias)) | {t for w in p.bad_words for t in w}
+    if p.think_end_token_id is not None:
+        refs.add(p.think_end_token_id)
+    if v in refs:
+        return None
+
+    def m(t: int) -> int:
+        return t - 1 if t > v else t
+
+    keep = [i for i in range(V) if i != v]
+    target = np.asarray(case.target_table)[np.ix_(keep, keep)]
+    draft, d2t = case.draft_table, case.draft_d2t
+    if draft is not None:
+        draft = np.asarray(draft)
+        rows = [i for i in range(draft.shape[0]) if i != v]
+        if d2t is None:
+            cols = [j for j in range(draft.shape[1]) if j != v]
+        else:
+            cols = [j for j, t in enumerate(d2t) if t != v]
+            d2t = tuple(m(int(d2t[j])) for j in cols)
+        if not cols:
+            return None
+        draft = draft[np.ix_(rows, cols)]
+    d = p.to_json()
+    d["stop_token_ids"] = [m(t) for t in p.stop_token_ids]
+    d["allowed_token_ids"] = None if p.allowed_token_ids is None else [m(t) for t in p.allowed_token_ids]
+    d["logit_bias"] = {str(m(int(k))): b for k, b in dict(p.logit_bias).items()}
+    d["bad_words"] = [[m(t) for t in w] for w in p.bad_words]
+    if p.think_end_token_id is not None:
+        d["think_end_token_id"] = m(p.think_end_token_id)
+    return _ok(lambda: Case(target, tuple(m(t) for t in case.prompt), SamplingParams.from_json(d),
+                            eos_token_id=None if case.eos_token_id is None else m(case.eos_token_id),
+                            spec=case.spec, draft_table=draft, draft_d2t=d2t))
+
+
+def candidates(case: Case) -> list[Case]:
+    """Smaller variants of ``case``, largest reductions first (invalid ones left out)."""
+    out: list[Case | None] = []
+    for v in reversed(range(case.vocab_size)):
+        out.append(drop_token(case, v))
+    pr = case.prompt
+    if len(pr) > 1:
+        for short in (pr[-1:], pr[len(pr) // 2:], pr[1:]):
+            out.append(_ok(lambda s=short: case.with_(prompt=tuple(s))))
+    p = case.params
+    for mt in sorted({1, p.max_tokens // 2, p.max_tokens - 1}):
+        if 1 <= mt < p.max_tokens:
+            out.append(_ok(lambda mt=mt: case.with_(params=replace(p, max_tokens=mt))))
+    s = case.spec
+    if s is not None:
+        for k in sorted({1, s.num_speculative_tokens - 1}):
+            if 1 <= k < s.num_speculative_tokens:
+                out.append(_ok(lambda k=k: case.with_(spec=replace(s, num_speculative_tokens=k))))
+        if s.method.endswith("_tree"):
+            for b in sorted({1, s.tree_budget - 1}):
+                if 1 <= b < s.tree_budget:
+                    out.append(_ok(lambda b=b: case.with_(spec=replace(s, tree_budget=b))))
+            if s.tree_topk > 1:
+                out.append(_ok(lambda: case.with_(spec=replace(s, tree_topk=s.tree_topk - 1))))
+        if s.ngram_max > s.ngram_min:
+            out.append(_ok(lambda: case.with_(spec=replace(s, ngram_max=s.ngram_min))))
+    default = SamplingParams()
+    for name in SamplingParams.__dataclass_fields__:
+        if name == "max_tokens" or getattr(p, name) == getattr(default, name):
+            continue
+        out.append(_ok(lambda name=name: case.with_(params=replace(p, **{name: getattr(default, name)}))))
+    if case.eos_token_id is not None:
+        out.append(_ok(lambda: case.with_(eos_token_id=None)))
+    T = np.asarray(case.target_table)
+    if np.any(T != 0):
+        out.append(_ok(lambda: case.with_(target_table=np.zeros_like(T))))
+    if case.draft_table is not None and np.any(np.asarray(case.draft_table) != 0):
+        out.append(_ok(lambda: case.with_(draft_table=np.zeros_like(np.asarray(case.draft_table)))))
+    seen: set[str] = set()
+    uniq = []
+    for c in out:
+        if c is not None and (k := _key(c)) not in seen and k != _key(case):
+            seen.add(k)
+            uniq.append(c)
+    return uniq
+
+
+@dataclass
+class ShrinkResult:
+    case: Case
+    steps: list[str] = field(default_factory=list)  # what each accepted reduction was
+    tried: int = 0
+    kept: int = 0
+    seconds: float = 0.0
+    last_run: object = None  # the CaseRun (or EngineCrash) of the final case
+    budget_exhausted: bool = False
+
+
+def _describe(old: Case, new: Case) -> str:
+    if new.vocab_size < old.vocab_size:
+        return f"V {old.vocab_size} -> {new.vocab_size}"
+    if new.prompt != old.prompt:
+        return f"prompt {list(old.prompt)} -> {list(new.prompt)}"
+    if new.spec != old.spec:
+        a, b = old.spec.to_json(), new.spec.to_json()
+        return ", ".join(f"{k} {a[k]} -> {b[k]}" for k in a if a[k] != b.get(k))
+    if new.params != old.params:
+        a, b = old.params.to_json(), new.params.to_json()
+        return ", ".join(f"{k} {a[k]} -> {b[k]}" for k in a if a[k] != b.get(k))
+    if new.eos_token_id != old.eos_token_id:
+        return f"eos {old.eos_token_id} -> {new.eos_token_id}"
+    return "tables zeroed"
+
+
+def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s: float,
+           log: Callable[[str], None] = lambda s: None) -> ShrinkResult:
+    """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
+    the entry's problem, else None. Stops when no candidate reproduces or at the budget."""
+    t0 = time.monotonic()
+    res = ShrinkResult(case)
+    tried: set[str] = {_key(case)}
+    improved = True
+    while improved:
+        improved = False
+        for cand in candidates(res.case):
+            if time.monotonic() - t0 > budget_s:
+                res.budget_exhausted = True
+                res.seconds = time.monotonic() - t0
+                return res
+            k = _key(cand)
+            if k in tried:
+                continue
+            tried.add(k)
+            res.tried += 1
+            try:
+                run = reproduces(cand)
+            except (AmbiguousSemantics, InvalidInput):
+                run = None
+            if run:
+                step = _describe(res.case, cand)
+                res.steps.append(step)
+                res.kept += 1
+                res.case, res.last_run = cand, run
+                log(f"kept ({res.kept}/{res.tried}): {step}")
+                improved = True
+                break
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: float, seed: int,
+                     dtype: str, settings: dict | None) -> Callable[[Case], object | None]:
+    """The ``reproduces`` predicate for a stored entry on a started-on-demand IsolatedEngine."""
+    from specfuzz.engines.isolation import EngineCrash
+    from specfuzz.fuzz.campaign import _crash_key_of, crash_key
+    from specfuzz.fuzz.run import run_case
+
+    profile = engine.capabilities().profile
+    want_crash = _crash_key_of(entry.extra.get("crash_kind"), entry.evidence) if entry.kind == "crash" else None
+    label = entry.label
+    counter = [seed]
+
+    def reproduces(c: Case):
+        counter[0] += 1
+        try:
+            run = run_case(engine, c, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
+                           seed=counter[0], profile=profile, speculation=entry.kind != "calibration",
+                           dtype=dtype, settings=settings)
+        except EngineCrash as exc:
+            return exc if want_crash is not None and crash_key(exc) == want_crash else None
+        except SpecfuzzError:
+            return None
+        if want_crash is not None:
+            return run if run.crash is not None and crash_key(run.crash) == want_crash else None
+        if run.crash is not None or not run.failed:
+            return None
+        got = run.judgement.attribution.label if run.judgement.attribution else None
+        if label not in (None, "unknown") and got != label:
+            return None
+        return run
+
+    return reproduces
