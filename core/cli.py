@@ -542,8 +542,10 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> 
 @click.option("--alpha", default=1e-3, show_default=True, help="Level of each candidate's test (findings).")
 @click.option("--seed", default=54321, show_default=True)
 @click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--attempts", default=1, show_default=True, type=click.IntRange(1, 20),
+              help="Runs per candidate before it counts as not reproducing (for crashes that do not happen every time).")
 @click.option("--dry-run", is_flag=True, help="Report the shrunk case; do not write it into the corpus.")
-def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_dir, dry_run) -> None:
+def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_dir, attempts, dry_run) -> None:
     """Shrink a stored entry on its engine (greedy: smaller vocabulary, prompt, output,
     K, tree and sampling settings while it still reproduces) and store the result in the
     entry's folder: a crash stored unshrunk is replaced (its old case kept in the entry)."""
@@ -567,11 +569,12 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     eng = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
     try:
         repro = entry_reproducer(entry, eng, work_dir=work_dir, samples=samples, alpha=alpha, seed=seed,
-                                 dtype=dtype, settings=settings)
+                                 dtype=dtype, settings=settings, attempts=attempts)
         console.print(f"checking that {entry_path.name} reproduces on {spec} ...")
         first = repro(case)
         if not first:
-            console.print(f"[yellow]{entry_path.name} does not reproduce on {spec}: nothing to shrink[/yellow]")
+            console.print(f"[yellow]{entry_path.name} does not reproduce on {spec} in {attempts} attempt(s): "
+                          f"nothing to shrink (a crash that comes and goes: try --attempts 5)[/yellow]")
             sys.exit(1)
         res = shrink(case, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"))
         if res.last_run is None:

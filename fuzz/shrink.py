@@ -202,8 +202,10 @@ def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s:
 
 
 def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: float, seed: int,
-                     dtype: str, settings: dict | None) -> Callable[[Case], object | None]:
-    """The ``reproduces`` predicate for a stored entry on a started-on-demand IsolatedEngine."""
+                     dtype: str, settings: dict | None, attempts: int = 1) -> Callable[[Case], object | None]:
+    """The ``reproduces`` predicate for a stored entry on a started-on-demand IsolatedEngine.
+    ``attempts``: runs per candidate (fresh seeds) before it counts as not reproducing, for
+    crashes that do not happen every time (uninitialised memory, races)."""
     from specfuzz.engines.isolation import EngineCrash
     from specfuzz.fuzz.campaign import _crash_key_of, crash_key
     from specfuzz.fuzz.run import run_case
@@ -214,6 +216,13 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     counter = [seed]
 
     def reproduces(c: Case):
+        for _ in range(max(1, int(attempts))):
+            got = once(c)
+            if got:
+                return got
+        return None
+
+    def once(c: Case):
         counter[0] += 1
         try:
             run = run_case(engine, c, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,

@@ -101,6 +101,23 @@ class TopKCrashEngine(ReferenceEngine):
         return super().generate(requests)
 
 
+class AlternateCrashEngine(ReferenceEngine):
+    """Dies at the second generate call of its process that holds a top-k request: a
+    crash that does not happen on every run (as one from uninitialised memory), yet
+    deterministically."""
+
+    name = "alternate-crash"
+    _calls = 0  # top-k generate calls in this process
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if any(r.params.top_k >= 1 for r in requests):
+            AlternateCrashEngine._calls += 1
+            if AlternateCrashEngine._calls == 2:
+                print("alternate crash engine: crashing", flush=True)
+                os.kill(os.getpid(), signal.SIGSEGV)
+        return super().generate(requests)
+
+
 class SlowEngine(ReferenceEngine):
     """Sleeps in every generate call, so a test can kill it mid-run."""
 

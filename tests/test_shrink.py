@@ -140,3 +140,25 @@ def test_shrink_refuses_a_file_that_is_not_an_entry(tmp_path):
     bad.write_text('{"hello": 1}')
     r = CliRunner().invoke(main, ["shrink", str(bad)])
     assert r.exit_code != 0 and "notes.json" in r.output and "corpus entry" in r.output
+
+
+@pytest.mark.slow
+def test_a_crash_that_comes_and_goes_reproduces_with_attempts(tmp_path, monkeypatch):
+    """The engine crashes at the second top-k call of a process, so one run per candidate
+    (one generate call at 50 samples) misses it and two runs find it."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+
+    class Eng:
+        def version(self):
+            return {"name": "alternate-crash"}
+
+    case = Case(T5, (1,), SP(max_tokens=2, top_k=2))
+    entry = crash_entry(Eng(), case, EngineCrash("signal", "engine process killed by SIGSEGV during generate"), "x")
+    path, _ = Corpus(tmp_path / "c").store(entry)
+    args = ["shrink", str(path), "--engine", "example_engines:AlternateCrashEngine", "--budget", "2m",
+            "--samples", "50", "--work-dir", str(tmp_path / "wd"), "--dry-run"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and "does not reproduce" in r.output and "--attempts" in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--attempts", "2"])
+    assert r.exit_code == 0 and "reductions kept" in r.output, r.output
