@@ -15,6 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import click
+
+from specfuzz.cli import parse_settings
 from specfuzz.engines.headcheck import check_heads, head_cases
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -28,15 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", action="append", choices=sorted(head_cases()), help="head case(s) (default: all)")
     ap.add_argument("--out", type=Path, help="results file (default: bench/results/heads_<engine>.json)")
     args = ap.parse_args(argv)
-    settings = {}
-    for kv in args.setting:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            ap.error(f"--setting {kv!r}: expected KEY=JSON")
-        try:
-            settings[k] = json.loads(v)
-        except json.JSONDecodeError:
-            settings[k] = v
+    try:
+        settings = parse_settings(tuple(args.setting))  # the CLI's --engine-setting parser
+    except click.BadParameter as exc:
+        ap.error(f"--setting: {exc.message}")
     out = args.out or RESULTS / f"heads_{args.engine.replace(':', '_')}.json"
     with tempfile.TemporaryDirectory(prefix="specfuzz-heads-") as tmp:
         report = check_heads(args.engine, Path(tmp), dtype=args.dtype, settings=settings,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,17 @@ def environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def read_config(path: Path | str, name: str) -> dict:
+    """A checkpoint's config.json (InvalidInput naming ``name`` when missing or unreadable)."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        raise InvalidInput(name, str(path), "a checkpoint folder containing config.json")
+    try:
+        return json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidInput(name, str(path), f"a checkpoint folder with a readable config.json ({exc})") from None
 
 
 def first_line(exc: BaseException) -> str:

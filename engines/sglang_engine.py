@@ -154,7 +154,9 @@ import weakref
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details
+from specfuzz.engines.base import (
+    Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details, read_config,
+)
 from specfuzz.engines.vllm_engine import LogitsReport
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
@@ -218,17 +220,6 @@ DEFAULT_LOGPROB_TOLERANCE = 1e-5
 
 
 # ----------------------------------------------------------------------------- pure mapping
-
-
-def read_config(path: Path | str, name: str) -> dict:
-    """A checkpoint's config.json (InvalidInput naming ``name`` when missing or unreadable)."""
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        raise InvalidInput(name, str(path), "a checkpoint folder containing config.json")
-    try:
-        return json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidInput(name, str(path), f"a checkpoint folder with a readable config.json ({exc})") from None
 
 
 def speculative_kwargs(spec: SpecConfig | None, *, draft_dir: Path | None = None, target_vocab: int | None = None,

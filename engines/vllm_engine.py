@@ -126,7 +126,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details
+from specfuzz.engines.base import (
+    Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details, read_config,
+)
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import GREEDY_TEMPERATURE_EPS, SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
@@ -192,16 +194,6 @@ class LogitsReport:
         }
 
 
-def _read_config(path: Path, name: str) -> dict:
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        raise InvalidInput(name, str(path), "a checkpoint folder containing config.json")
-    try:
-        return json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidInput(name, str(path), f"a checkpoint folder with a readable config.json ({exc})") from None
-
-
 # In-process engines of this process (at most one runs at a time: vLLM's parallel state is per process).
 _IN_PROCESS: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()
 
@@ -250,7 +242,6 @@ def _has_cuda() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001
         return False
-
 
 
 SETTINGS_ENV = "SPECFUZZ_VLLM_SETTINGS"
@@ -379,12 +370,13 @@ class VLLMEngine(Engine):
             raise InvalidInput("dtype", config.dtype, f"one of {DTYPES}")
         if isinstance(config.max_model_len, bool) or not isinstance(config.max_model_len, int) or config.max_model_len < 2:
             raise InvalidInput("max_model_len", config.max_model_len, "an integer >= 2")
-        target = _read_config(Path(config.target_dir), "target_dir")
+        target = read_config(Path(config.target_dir), "target_dir")
         tv = target.get("vocab_size")
         if not isinstance(tv, int) or tv < 2:
             raise InvalidInput("target vocab_size", tv, "an integer >= 2 in the target's config.json")
         settings = self.settings_for(config)
-        if tv < V2_MIN_VOCAB_BOUND and self._model_runner(settings, config) == "v2":
+        runner = self._model_runner(settings, config)
+        if tv < V2_MIN_VOCAB_BOUND and runner == "v2":
             need = _v2_min_vocab()
             if tv < need:
                 raise InvalidInput(
@@ -413,7 +405,6 @@ class VLLMEngine(Engine):
             raise InvalidInput("speculation.num_speculative_tokens", k, "an integer >= 1")
         if spec.inject is not None:
             raise InvalidInput("speculation.inject", spec.inject, "None (bugs are injected into the reference sampler only, not into vLLM)")
-        runner = self._model_runner(settings, config)
         if spec.verify == "block":
             if runner != "v2":
                 raise InvalidInput(
@@ -435,7 +426,7 @@ class VLLMEngine(Engine):
                 )
             if config.draft_dir is None:
                 raise InvalidInput("draft_dir", None, f"an EAGLE head folder for method {spec.method!r} (specfuzz.tablegen.eagle)")
-            head = _read_config(Path(config.draft_dir), "draft_dir")
+            head = read_config(Path(config.draft_dir), "draft_dir")
             if head.get("vocab_size") != tv:
                 raise InvalidInput("head vocab_size", head.get("vocab_size"), f"the target's vocab_size={tv}")
             out["model"] = str(config.draft_dir)
@@ -448,7 +439,7 @@ class VLLMEngine(Engine):
                 )
             if config.draft_dir is None:
                 raise InvalidInput("draft_dir", None, "a draft checkpoint folder for method 'draft_model'")
-            draft = _read_config(Path(config.draft_dir), "draft_dir")
+            draft = read_config(Path(config.draft_dir), "draft_dir")
             dv = draft.get("vocab_size")
             hetero = bool(extra_spec.get("use_heterogeneous_vocab", False))
             if dv != tv and not hetero:
@@ -494,7 +485,7 @@ class VLLMEngine(Engine):
                 return
             self.close()
         spec_dict = self.check_config(config)
-        target = _read_config(Path(config.target_dir), "target_dir")
+        target = read_config(Path(config.target_dir), "target_dir")
         settings = self.settings_for(config)
         use_mp = self._use_multiprocessing(settings.get("multiprocessing"))
         env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}

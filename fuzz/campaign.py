@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import signal
 import threading
 import time
@@ -103,8 +104,6 @@ def crash_key(crash: EngineCrash) -> str:
 
 
 def _crash_key_of(kind: object, evidence: str) -> str:
-    import re
-
     detail = evidence.split(": ", 1)[1] if evidence.startswith("engine ") and ": " in evidence else evidence
     return f"{kind}:{re.sub(r'[0-9]+', '#', detail)[:160]}"
 

@@ -18,8 +18,6 @@ the same class, unless the entry's was unknown) within ``samples`` at level ``al
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +27,7 @@ import numpy as np
 
 from specfuzz.case import Case
 from specfuzz.errors import AmbiguousSemantics, InvalidInput, SpecfuzzError
+from specfuzz.fuzz.campaign import _crash_key_of, crash_key, family_key
 from specfuzz.oracle.params import SamplingParams
 
 # Sampling fields that hold target token ids (remapped when a token is dropped).
@@ -36,7 +35,7 @@ _TOKEN_FIELDS = ("stop_token_ids", "allowed_token_ids", "think_end_token_id")
 
 
 def _key(case: Case) -> str:
-    return hashlib.sha256(json.dumps(case.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return family_key([case])
 
 
 def _ok(make: Callable[[], Case]) -> Case | None:
@@ -129,10 +128,10 @@ def candidates(case: Case) -> list[Case]:
         out.append(_ok(lambda: case.with_(target_table=np.zeros_like(T))))
     if case.draft_table is not None and np.any(np.asarray(case.draft_table) != 0):
         out.append(_ok(lambda: case.with_(draft_table=np.zeros_like(np.asarray(case.draft_table)))))
-    seen: set[str] = set()
+    seen: set[str] = {_key(case)}
     uniq = []
     for c in out:
-        if c is not None and (k := _key(c)) not in seen and k != _key(case):
+        if c is not None and (k := _key(c)) not in seen:
             seen.add(k)
             uniq.append(c)
     return uniq
@@ -207,7 +206,6 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     ``attempts``: runs per candidate (fresh seeds) before it counts as not reproducing, for
     crashes that do not happen every time (uninitialised memory, races)."""
     from specfuzz.engines.isolation import EngineCrash
-    from specfuzz.fuzz.campaign import _crash_key_of, crash_key
     from specfuzz.fuzz.run import run_case
 
     profile = engine.capabilities().profile
