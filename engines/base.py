@@ -77,6 +77,10 @@ class Capabilities:
     # the prefill step (vLLM, SGLang) speculate from the second token on, so strategies
     # give their speculative cases max_tokens >= 2.
     speculates_first_token: bool = True
+    # The smallest target vocabulary each speculation method starts on, where an engine
+    # has a floor above 2 (vLLM's Model Runner V2: its sampler warmup asks for top-5
+    # logprobs). Strategies draw only vocabularies a case's method can start on.
+    min_vocab: Mapping[str, int] = field(default_factory=dict)
 
 
 class Engine(abc.ABC):

@@ -326,6 +326,9 @@ class VLLMEngine(Engine):
             restart_in_process=False,
             sampling_with_speculation=frozenset(sampling - NOT_WITH_SPECULATION),
             speculates_first_token=False,  # the prefill step samples the first token
+            # EAGLE heads run on Model Runner V2 here, which starts on no vocabulary below
+            # its sampler warmup's top-k (_v2_min_vocab).
+            min_vocab={m: _v2_min_vocab() for m in V2_METHODS} if block else {},
         )
 
     @staticmethod

@@ -278,7 +278,13 @@ class Campaign:
         methods = tuple(m for m in caps.methods if self.cfg.methods is None or m in self.cfg.methods)
         if not methods:
             raise InvalidInput("method", self.cfg.methods, f"methods this engine supports: {caps.methods} (or 'none')")
-        return methods
+        floors = dict(getattr(caps, "min_vocab", {}) or {})
+        fit = tuple(m for m in methods if floors.get(m, 2) <= self.cfg.max_vocab)
+        if not fit:
+            need = min(floors[m] for m in methods)
+            raise InvalidInput("max_vocab", self.cfg.max_vocab,
+                               f">= {need} for methods {methods} on this engine (its smallest vocabulary per method: {floors})")
+        return fit
 
     def _strategy(self, rotate: int = 0):
         """The case-family strategy; ``rotate`` turns the method order, so that every
@@ -299,6 +305,7 @@ class Campaign:
             draft_vocab=caps.draft_vocab,
             speculation=speculation, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
+            min_vocab=dict(getattr(caps, "min_vocab", {}) or {}),
         )
 
     def _search(self, strategy, search_seed: int) -> tuple[list[Case], CaseRun, CaseRun] | None:

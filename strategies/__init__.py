@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from specfuzz.case import Case
 from specfuzz.oracle.params import SamplingParams
@@ -152,9 +153,19 @@ def cases(
     speculation: bool = True,
     spec_knobs: dict | None = None,
     min_tokens_speculating: int = 1,
+    min_vocab: dict | None = None,
 ) -> Case:
-    """A whole case: target table, prompt, request, speculation and (if needed) a draft."""
-    V = draw(st.integers(2, max_vocab))
+    """A whole case: target table, prompt, request, speculation and (if needed) a draft.
+
+    ``min_vocab``: the smallest vocabulary per method (an engine's floor); V is drawn from
+    the smallest floor among ``methods`` up, and the method among those that start on V.
+    """
+    floors = dict(min_vocab or {})
+    methods = tuple(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"))
+    lo_v = min(max(2, floors.get(m, 2)) for m in methods) if speculation else 2
+    if lo_v > max_vocab:
+        raise InvalidArgument(f"max_vocab={max_vocab}: methods {methods} need a vocabulary of at least {lo_v}")
+    V = draw(st.integers(lo_v, max_vocab))
     target = draw(tables(V, V))
     eos = draw(st.none() | st.integers(0, V - 1))
     prompt = draw(prompts(V))
@@ -165,7 +176,7 @@ def cases(
     params = draw(sampling_params(V, mt, eos, sampling))
     if not speculation:
         return Case(target, prompt, params, eos_token_id=eos)
-    spec = draw(spec_configs(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k, inject, spec_knobs))
+    spec = draw(spec_configs(tuple(m for m in methods if floors.get(m, 2) <= V), max_k, inject, spec_knobs))
     draft = d2t = None
     if spec.uses_draft_model:
         # EAGLE heads draft over (a subset of) the target's vocabulary: never wider.

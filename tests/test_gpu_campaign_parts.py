@@ -83,6 +83,58 @@ def test_the_simplest_family_runs_once_per_campaign_not_once_per_search(tmp_path
         resumed.engine.close()
 
 
+def test_vocabularies_are_drawn_above_each_methods_floor():
+    """vLLM's Model Runner V2 starts on no vocabulary below 5 (corpus/h200/vllm/
+    crash-c35473a506b6e6fb): its EAGLE cases are drawn with V >= 5, the other methods
+    still from V = 2, instead of drawing configs the adapter must refuse."""
+    from hypothesis.errors import InvalidArgument
+
+    from specfuzz.strategies import cases
+
+    seen: dict[str, set[int]] = {}
+
+    @settings(database=None, max_examples=300, deadline=None)
+    @given(cases(max_vocab=6, max_tokens=2, methods=("eagle", "eagle3", "ngram"), draft_vocab="narrower",
+                 min_vocab={"eagle": 5, "eagle3": 5}))
+    def draw(c):
+        seen.setdefault(c.spec.method, set()).add(c.vocab_size)
+
+    draw()
+    assert min(seen["eagle"] | seen["eagle3"]) == 5 and seen["ngram"] & {2, 3, 4}
+    with pytest.raises(InvalidArgument, match="max_vocab=4"):
+        @settings(database=None, max_examples=1)
+        @given(cases(max_vocab=4, methods=("eagle",), min_vocab={"eagle": 5}))
+        def nothing_fits(c):
+            pass
+
+        nothing_fits()
+
+
+def test_a_campaign_drops_methods_whose_floor_is_above_max_vocab(tmp_path):
+    from dataclasses import replace
+
+    from specfuzz.errors import InvalidInput
+
+    def campaign(methods, max_vocab):
+        camp = Campaign(CampaignConfig(engine="reference", budget_s=5, corpus_dir=tmp_path / "c", methods=methods,
+                                       work_dir=tmp_path / "wd", max_vocab=max_vocab))
+        caps = replace(camp.engine.capabilities(), min_vocab={"eagle_tree": 5})
+        camp.engine.capabilities = lambda: caps  # the floor vLLM's V2 reports on CUDA
+        return camp
+
+    camp = campaign(("eagle_tree", "ngram"), 4)
+    try:
+        assert camp._methods() == ("ngram",)
+    finally:
+        camp.engine.close()
+    camp = campaign(("eagle_tree",), 4)
+    try:
+        with pytest.raises(InvalidInput, match="max_vocab.*>= 5"):
+            camp._methods()
+    finally:
+        camp.engine.close()
+
+
 def test_totals_per_method_add_up_over_resumed_runs(tmp_path):
     kw = dict(engine="reference", corpus_dir=tmp_path / "c", work_dir=tmp_path / "wd", max_samples=200)
     a = Campaign(CampaignConfig(budget_s=4, **kw))
