@@ -576,7 +576,8 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
             console.print(f"[yellow]{entry_path.name} does not reproduce on {spec} in {attempts} attempt(s): "
                           f"nothing to shrink (a crash that comes and goes: try --attempts 5)[/yellow]")
             sys.exit(1)
-        res = shrink(case, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"))
+        res = shrink(case, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"),
+                     speculation=entry.kind != "calibration")
         if res.last_run is None:
             res.last_run = first
         console.print(f"{res.kept} reductions kept of {res.tried} tried in {res.seconds:.0f} s"

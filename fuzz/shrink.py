@@ -90,8 +90,10 @@ def drop_token(case: Case, v: int) -> Case | None:
                             spec=case.spec, draft_table=draft, draft_d2t=d2t))
 
 
-def candidates(case: Case) -> list[Case]:
-    """Smaller variants of ``case``, largest reductions first (invalid ones left out)."""
+def candidates(case: Case, speculation: bool = True) -> list[Case]:
+    """Smaller variants of ``case``, largest reductions first (invalid ones left out).
+    ``speculation=False`` (a calibration entry, run with speculation off): no candidates
+    that only change the speculation settings or the draft, which such a run ignores."""
     out: list[Case | None] = []
     for v in reversed(range(case.vocab_size)):
         out.append(drop_token(case, v))
@@ -103,7 +105,7 @@ def candidates(case: Case) -> list[Case]:
     for mt in sorted({1, p.max_tokens // 2, p.max_tokens - 1}):
         if 1 <= mt < p.max_tokens:
             out.append(_ok(lambda mt=mt: case.with_(params=replace(p, max_tokens=mt))))
-    s = case.spec
+    s = case.spec if speculation else None
     if s is not None:
         for k in sorted({1, s.num_speculative_tokens - 1}):
             if 1 <= k < s.num_speculative_tokens:
@@ -126,7 +128,7 @@ def candidates(case: Case) -> list[Case]:
     T = np.asarray(case.target_table)
     if np.any(T != 0):
         out.append(_ok(lambda: case.with_(target_table=np.zeros_like(T))))
-    if case.draft_table is not None and np.any(np.asarray(case.draft_table) != 0):
+    if speculation and case.draft_table is not None and np.any(np.asarray(case.draft_table) != 0):
         out.append(_ok(lambda: case.with_(draft_table=np.zeros_like(np.asarray(case.draft_table)))))
     seen: set[str] = {_key(case)}
     uniq = []
@@ -165,16 +167,17 @@ def _describe(old: Case, new: Case) -> str:
 
 
 def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s: float,
-           log: Callable[[str], None] = lambda s: None) -> ShrinkResult:
+           log: Callable[[str], None] = lambda s: None, speculation: bool = True) -> ShrinkResult:
     """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
-    the entry's problem, else None. Stops when no candidate reproduces or at the budget."""
+    the entry's problem, else None. Stops when no candidate reproduces or at the budget.
+    ``speculation``: whether the runs speculate (see :func:`candidates`)."""
     t0 = time.monotonic()
     res = ShrinkResult(case)
     tried: set[str] = {_key(case)}
     improved = True
     while improved:
         improved = False
-        for cand in candidates(res.case):
+        for cand in candidates(res.case, speculation):
             if time.monotonic() - t0 > budget_s:
                 res.budget_exhausted = True
                 res.seconds = time.monotonic() - t0

@@ -67,6 +67,18 @@ def test_candidates_are_smaller_and_valid():
         assert smaller
 
 
+def test_a_calibration_entry_is_not_shrunk_in_speculation_settings_it_does_not_use():
+    """Calibration entries run with speculation off: candidates that only change K, the
+    tree, the n-gram window or the draft would each cost an engine start and prove nothing
+    (the H200 vLLM shrink of 2026-12-01 spent 4 of 15 engine starts on them)."""
+    case = _big_case()
+    assert any(c.spec != case.spec or c.draft_table is not case.draft_table for c in candidates(case))
+    for c in candidates(case, speculation=False):
+        assert c.spec == case.spec or c.vocab_size < case.vocab_size  # dropping a token may renumber d2t
+        if c.vocab_size == case.vocab_size:
+            assert np.array_equal(np.asarray(c.draft_table), np.asarray(case.draft_table))
+
+
 def test_greedy_shrinking_reaches_the_minimal_condition():
     """A pure predicate standing for 'top-k with two or more tokens crashes': everything
     else goes (V=2, one prompt token, default settings, zero tables)."""
