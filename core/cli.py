@@ -598,9 +598,14 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
         for k in ("title", "note", "mechanism", "root_cause", "workaround", "upstream", "where_seen"):
             if k in entry.extra:
                 new.extra[k] = entry.extra[k]
+        # A second pass on an entry `specfuzz shrink` made continues it: its record adds up.
+        prev = entry.extra.get("shrunk_by") if isinstance(entry.extra.get("shrunk_by"), dict) else {}
         new.extra.update(shrunk=True, shrunk_from=entry_path.name,
-                         shrunk_by={"command": "specfuzz shrink", "steps": res.steps, "tried": res.tried,
-                                    "seconds": round(res.seconds, 1)})
+                         shrunk_by={"command": "specfuzz shrink", "steps": list(prev.get("steps", [])) + res.steps,
+                                    "tried": int(prev.get("tried", 0)) + res.tried,
+                                    "seconds": round(float(prev.get("seconds", 0.0)) + res.seconds, 1),
+                                    "passes": int(prev.get("passes", 1)) + 1 if prev else 1,
+                                    "minimal": not res.budget_exhausted})
         path, is_new = Corpus(entry_path.parent).store(new)
         if path.resolve() != entry_path.resolve():
             # The smaller case has another signature (fewer features in play): the old entry
