@@ -304,6 +304,11 @@ def suspect_condition(entry: Entry, effect: Effect) -> ConditionGuess:
     if isinstance(recorded, int) and recorded in CONDITIONS:
         note = entry.extra.get("mechanism") or entry.extra.get("title") or "stored with the entry"
         return ConditionGuess(recorded, "recorded", f"recorded with the entry: {_clip(str(note), 300)}")
+    known = entry.extra.get("root_cause") or entry.extra.get("mechanism")
+    if isinstance(known, str) and known.strip():
+        # A mechanism someone traced in the engine's code outranks a guess from the case's shape.
+        return ConditionGuess(None, "recorded", "the mechanism recorded with the entry (in the notes below) names the "
+                                                "cause; no condition of lossless speculation is suggested on top of it")
     v, vd = _draft_width(case)
     procs = _processors_active(case.get("params") or {})
     width_note = (f"the draft vocabulary is {'narrower' if vd < v else 'wider'} than the target's ({vd} vs {v})"

@@ -193,6 +193,16 @@ def test_unknown_findings_get_a_heuristic_condition():
     assert g.number is None and "speculation off" in g.reason
 
 
+def test_a_recorded_mechanism_outranks_the_heuristic():
+    """A crash whose cause was traced in the engine (SGLang's tree verify with fewer draft
+    tokens than steps + 1) must not be drafted with a shape-of-q guess from its draft width."""
+    narrow = _unknown("N7")
+    assert suspect_condition(narrow, compute_effect(narrow)).source == "heuristic"
+    narrow.extra["mechanism"] = "accept_index has num_steps + 1 columns, the block num_draft_tokens"
+    g = suspect_condition(narrow, compute_effect(narrow))
+    assert (g.number, g.source) == (None, "recorded") and "mechanism recorded" in g.reason
+
+
 def test_effect_size_is_recomputed_against_mu_of_the_stored_case():
     e = Entry.from_json(_regression("N7"))
     eff = compute_effect(e)
