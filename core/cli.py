@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 
@@ -533,6 +534,10 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> 
         sys.exit(1)
 
 
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @main.command("shrink")
 @click.argument("entry_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--engine", default=None, help="Engine to shrink on (default: the entry's own).")
@@ -567,11 +572,22 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     dtype, settings = entry_dtype(entry), entry_settings(entry) or None
     case = Case.from_json(entry.case)
     eng = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
+    prev_term = None
     try:
         repro = entry_reproducer(entry, eng, work_dir=work_dir, samples=samples, alpha=alpha, seed=seed,
                                  dtype=dtype, settings=settings, attempts=attempts)
         console.print(f"checking that {entry_path.name} reproduces on {spec} ...")
         first = repro(case)
+        try:
+            eng.version()  # cached now, while an engine runs: the stored entry's GPU/driver details
+        except EngineCrash:
+            pass  # the first run crashed the engine: crash_entry falls back to the engine's name
+        # SIGTERM (a lease's timeout, a job scheduler) stops shrinking like Ctrl-C: the
+        # reductions confirmed so far are stored, not lost with the process.
+        try:
+            prev_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        except ValueError:  # not the main thread (an embedding caller): leave signals alone
+            prev_term = None
         if not first:
             console.print(f"[yellow]{entry_path.name} does not reproduce on {spec} in {attempts} attempt(s): "
                           f"nothing to shrink (a crash that comes and goes: try --attempts 5)[/yellow]")
@@ -581,7 +597,8 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
         if res.last_run is None:
             res.last_run = first
         console.print(f"{res.kept} reductions kept of {res.tried} tried in {res.seconds:.0f} s"
-                      + (" (budget exhausted: not minimal yet)" if res.budget_exhausted else " (no smaller candidate reproduces)"))
+                      + (" (interrupted: not minimal yet)" if res.interrupted else
+                         " (budget exhausted: not minimal yet)" if res.budget_exhausted else " (no smaller candidate reproduces)"))
         c = res.case
         console.print(f"shrunk case: V={c.vocab_size}, prompt {list(c.prompt)}, params {c.params.to_json()}, "
                       f"spec {None if c.spec is None else c.spec.to_json()}")
@@ -605,7 +622,7 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
                                     "tried": int(prev.get("tried", 0)) + res.tried,
                                     "seconds": round(float(prev.get("seconds", 0.0)) + res.seconds, 1),
                                     "passes": int(prev.get("passes", 1)) + 1 if prev else 1,
-                                    "minimal": not res.budget_exhausted})
+                                    "minimal": not res.budget_exhausted and not res.interrupted})
         path, is_new = Corpus(entry_path.parent).store(new)
         if path.resolve() != entry_path.resolve():
             # The smaller case has another signature (fewer features in play): the old entry
@@ -615,6 +632,8 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
             atomic_write_json(entry_path, old)
         console.print(f"stored {path} ({'new entry; ' + entry_path.name + ' points at it' if is_new else 'replaced, old case kept in it'})")
     finally:
+        if prev_term is not None:
+            signal.signal(signal.SIGTERM, prev_term)
         eng.close()
 
 

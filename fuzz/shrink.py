@@ -148,6 +148,7 @@ class ShrinkResult:
     seconds: float = 0.0
     last_run: object = None  # the CaseRun (or EngineCrash) of the final case
     budget_exhausted: bool = False
+    interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: what was kept so far is the result
 
 
 def _describe(old: Case, new: Case) -> str:
@@ -169,19 +170,30 @@ def _describe(old: Case, new: Case) -> str:
 def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s: float,
            log: Callable[[str], None] = lambda s: None, speculation: bool = True) -> ShrinkResult:
     """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
-    the entry's problem, else None. Stops when no candidate reproduces or at the budget.
+    the entry's problem, else None. Stops when no candidate reproduces, at the budget, or
+    on KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI): a kill must not throw away
+    the reductions already confirmed, so they are the result, marked not minimal.
     ``speculation``: whether the runs speculate (see :func:`candidates`)."""
     t0 = time.monotonic()
     res = ShrinkResult(case)
     tried: set[str] = {_key(case)}
+    try:
+        _greedy(res, reproduces, tried, t0, budget_s, log, speculation)
+    except KeyboardInterrupt:
+        res.interrupted = res.budget_exhausted = True
+        log(f"interrupted after {res.tried} candidates: keeping the {res.kept} reductions so far")
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s: float, log, speculation: bool) -> None:
     improved = True
     while improved:
         improved = False
         for cand in candidates(res.case, speculation):
             if time.monotonic() - t0 > budget_s:
                 res.budget_exhausted = True
-                res.seconds = time.monotonic() - t0
-                return res
+                return
             k = _key(cand)
             if k in tried:
                 continue
@@ -191,6 +203,30 @@ def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s:
                 run = reproduces(cand)
             except (AmbiguousSemantics, InvalidInput):
                 run = None
+            if run:
+                step = _describe(res.case, cand)
+                # The case first: an interrupt landing inside this statement can at worst
+                # leave the last step out of the record, never pair old steps with a new case.
+                res.case, res.last_run, res.steps, res.kept = cand, run, res.steps + [step], res.kept + 1
+                log(f"kept ({res.kept}/{res.tried}): {step}")
+                improved = True
+                break
+            k = _key(cand)
+            if k in tried:
+                continue
+            tried.add(k)
+            res.tried += 1
+            try:
+                run = reproduces(cand)
+            except (AmbiguousSemantics, InvalidInput):
+                run = None
+            except KeyboardInterrupt:
+                # A kill (timeout -s INT, Ctrl-C, SIGTERM via the CLI) must not throw away the
+                # reductions already confirmed: they are the result, marked not minimal.
+                res.interrupted = res.budget_exhausted = True
+                log(f"interrupted while trying candidate {res.tried}: keeping the {res.kept} reductions so far")
+                res.seconds = time.monotonic() - t0
+                return res
             if run:
                 step = _describe(res.case, cand)
                 res.steps.append(step)

@@ -95,6 +95,57 @@ def test_a_budget_of_zero_stops_at_once():
     assert res.budget_exhausted and res.kept == 0
 
 
+def test_an_interrupt_keeps_the_reductions_confirmed_so_far():
+    calls = []
+
+    def reproduces(c):
+        calls.append(c)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return c if c.params.top_k >= 1 else None
+
+    res = shrink(_big_case(), reproduces, budget_s=60)
+    assert res.interrupted and res.budget_exhausted and res.kept >= 1 and res.case.vocab_size < 5
+
+
+@pytest.mark.slow
+def test_sigterm_stores_what_the_shrink_kept(tmp_path):
+    """A lease's timeout or a job scheduler ends `specfuzz shrink` with a signal: the
+    reductions it confirmed (each an engine run) are stored, marked not minimal."""
+    import signal
+    import subprocess
+    import time
+
+    class Eng:
+        def version(self):
+            return {"name": "topk-crash"}
+
+    entry = crash_entry(Eng(), _big_case(), EngineCrash("signal", "engine process killed by SIGSEGV during generate"), "topk-crash")
+    entry.extra.update(shrunk=False)
+    old_path, _ = Corpus(tmp_path / "c").store(entry)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "specfuzz", "shrink", str(old_path), "--engine",
+                             "example_engines:TopKCrashEngine", "--budget", "10m", "--work-dir", str(tmp_path / "wd")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    out = []
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        out.append(line)
+        if "kept (2/" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "".join(out)
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(out) + rest
+    assert proc.returncode == 0, text
+    assert "interrupted" in text, text
+    new = [json.loads(p.read_text()) for p in (tmp_path / "c").glob("crash-*.json") if p != old_path]
+    assert len(new) == 1, text
+    by = new[0]["extra"]["shrunk_by"]
+    assert by["minimal"] is False and len(by["steps"]) >= 2
+    assert Case.from_json(new[0]["case"]).vocab_size < 5
+
+
 @pytest.mark.slow
 def test_shrink_command_shrinks_a_stored_crash_on_a_real_engine_process(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))  # example_engines, also for the engine's child process
