@@ -328,7 +328,7 @@ class VLLMEngine(Engine):
             speculates_first_token=False,  # the prefill step samples the first token
             # EAGLE heads run on Model Runner V2 here, which starts on no vocabulary below
             # its sampler warmup's top-k (_v2_min_vocab).
-            min_vocab={m: _v2_min_vocab() for m in V2_METHODS} if block else {},
+            min_vocab=dict.fromkeys(V2_METHODS, _v2_min_vocab()) if block else {},
         )
 
     @staticmethod

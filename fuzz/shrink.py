@@ -211,32 +211,6 @@ def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s:
                 log(f"kept ({res.kept}/{res.tried}): {step}")
                 improved = True
                 break
-            k = _key(cand)
-            if k in tried:
-                continue
-            tried.add(k)
-            res.tried += 1
-            try:
-                run = reproduces(cand)
-            except (AmbiguousSemantics, InvalidInput):
-                run = None
-            except KeyboardInterrupt:
-                # A kill (timeout -s INT, Ctrl-C, SIGTERM via the CLI) must not throw away the
-                # reductions already confirmed: they are the result, marked not minimal.
-                res.interrupted = res.budget_exhausted = True
-                log(f"interrupted while trying candidate {res.tried}: keeping the {res.kept} reductions so far")
-                res.seconds = time.monotonic() - t0
-                return res
-            if run:
-                step = _describe(res.case, cand)
-                res.steps.append(step)
-                res.kept += 1
-                res.case, res.last_run = cand, run
-                log(f"kept ({res.kept}/{res.tried}): {step}")
-                improved = True
-                break
-    res.seconds = time.monotonic() - t0
-    return res
 
 
 def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: float, seed: int,
