@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Sequence
 from specfuzz.errors import InvalidInput
 from specfuzz.fuzz.corpus import Entry, atomic_write_json, now_iso
 from specfuzz.fuzz.release_envs import (
-    ENGINE_PACKAGES, EnvResult, Release, ReleaseEnvs, list_releases, package_for_entry, parse_range,
+    ENGINE_PACKAGES, EnvResult, Release, ReleaseEnvs, list_releases, package_for_entry, parse_range, range_bounds,
 )
 from specfuzz.fuzz.triage import Rerunner, RunOutcome, SECOND_RUN_SEED_OFFSET
 
@@ -332,6 +332,7 @@ def plan(path: Path, *, package: str | None, versions: str | None, envs: Release
         raise InvalidInput("engine", str(entry.engine.get("name")), "an engine released as a pip package "
                            f"({', '.join(sorted(ENGINE_PACKAGES))}, or name one with --engine-package)")
     engine_spec_for(entry, pkg)
+    range_bounds(versions)  # a malformed or reversed range is refused before any look-up
     releases = list_releases(pkg, envs.source)
     chosen = parse_range(versions, releases)
     own = str(entry.engine.get("version") or "")

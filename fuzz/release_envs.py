@@ -214,25 +214,31 @@ def _sdist_version(filename: str, package: str) -> str:
     return m.group(1)
 
 
+def range_bounds(text: str | None) -> tuple[Version | None, Version | None]:
+    """``A..B`` -> (A, B) (None for an open end); InvalidInput when malformed or reversed."""
+    name = "--versions"
+    if text is None or text.strip() in ("", ".."):
+        return None, None
+    a, sep, b = text.partition("..")
+    if not sep:
+        raise InvalidInput(name, text, "a range A..B of release versions (A.. and ..B leave one end open)")
+    try:
+        lo = Version(a.strip()) if a.strip() else None
+        hi = Version(b.strip()) if b.strip() else None
+    except InvalidVersion:
+        raise InvalidInput(name, text, "A..B with A and B release versions such as 0.20.0..0.32.0") from None
+    if lo is not None and hi is not None and lo > hi:
+        raise InvalidInput(name, text, f"A..B with A <= B (reversed: {lo} is newer than {hi})")
+    return lo, hi
+
+
 def parse_range(text: str | None, releases: Sequence[Release], *, include_pre: bool = False) -> list[Release]:
     """``A..B`` (either side may be empty: ``..B``, ``A..``) -> the releases in [A, B], oldest
     first. Pre-releases and yanked releases only when named as an end. InvalidInput for a
     malformed, reversed or empty range."""
     name = "--versions"
     rel = list(releases)
-    if text is None or text.strip() in ("", ".."):
-        lo = hi = None
-    else:
-        a, sep, b = text.partition("..")
-        if not sep:
-            raise InvalidInput(name, text, "a range A..B of release versions (A.. and ..B leave one end open)")
-        try:
-            lo = Version(a.strip()) if a.strip() else None
-            hi = Version(b.strip()) if b.strip() else None
-        except InvalidVersion:
-            raise InvalidInput(name, text, "A..B with A and B release versions such as 0.20.0..0.32.0") from None
-        if lo is not None and hi is not None and lo > hi:
-            raise InvalidInput(name, text, f"A..B with A <= B (reversed: {lo} is newer than {hi})")
+    lo, hi = range_bounds(text)
     ends = {lo, hi} - {None}
     out = [r for r in rel if (lo is None or r.key >= lo) and (hi is None or r.key <= hi)
            and (r.key in ends or ((include_pre or not r.key.is_prerelease) and not r.yanked))]

@@ -1,0 +1,260 @@
+"""`specfuzz bisect`: the release search, a synthetic engine package bisected end to end, bad input.
+
+The end-to-end test builds tiny wheels of a synthetic engine package (``specfuzz-toy-engine``
+1.0 ... 2.1, a wrapper of the reference sampler with catalogued bug N5 switched on in
+1.2-1.6 and a release, 1.3, that refuses the case's speculation method), installs each
+into its own environment with uv (numpy comes from the package index), and bisects a
+finding stored on 1.6: the first bad release must be exactly 1.2, the last good 1.1, the
+first fixed 2.0, and 1.3 must be reported as unable to run the case.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfuzz.fuzz.bisect import crash_fingerprint, draft_lines, search
+from specfuzz.fuzz.release_envs import Release, parse_range
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECFUZZ = [sys.executable, "-m", "specfuzz"]
+TOY = "specfuzz-toy-engine"
+# version -> (bug injected, speculation methods refused)
+TOY_RELEASES = {
+    "1.0": (None, ()), "1.1": (None, ()), "1.2": ("N5", ()), "1.3": ("N5", ("draft_model",)),
+    "1.4": ("N5", ()), "1.5": ("N5", ()), "1.6": ("N5", ()), "2.0": (None, ()), "2.1": (None, ()),
+}
+TOY_MODULE = '''
+"""A synthetic engine release for specfuzz's bisect test (version {version})."""
+import json
+from pathlib import Path
+
+import numpy as np
+
+import specfuzz.tablegen
+from specfuzz.engines.reference_engine import ReferenceEngine
+from specfuzz.errors import InvalidInput
+
+__version__ = {version!r}
+BUG = {bug!r}
+REFUSES = {refuses!r}
+
+
+def _load_table(ckpt_dir):
+    """The [V, V] table from lm_head, read with numpy alone (float32 checkpoints)."""
+    raw = (Path(ckpt_dir) / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    meta = json.loads(raw[8:8 + n])["lm_head.weight"]
+    a, b = meta["data_offsets"]
+    lm = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(meta["shape"])  # [V, H]
+    v = lm.shape[0]
+    return np.ascontiguousarray(lm[:, :v].T)  # [V, V]
+
+
+class ToyEngine(ReferenceEngine):
+    name = "toy"
+
+    def __init__(self):
+        super().__init__(inject=BUG)
+
+    def version(self):
+        return {{**super().version(), "name": "toy", "version": __version__}}
+
+    def start(self, config):
+        spec = config.speculation
+        if spec is not None and spec.method in REFUSES:
+            raise InvalidInput("speculation method", spec.method, "not supported by toy-engine " + __version__)
+        specfuzz.tablegen.load_table = _load_table
+        super().start(config)
+'''
+
+
+def _wheel(out: Path, version: str, bug: str | None, refuses: tuple) -> Path:
+    """A real (tiny) wheel of the synthetic engine package, written by hand."""
+    dist = f"{TOY.replace('-', '_')}-{version}"
+    files = {
+        "toy_engine/__init__.py": TOY_MODULE.format(version=version, bug=bug, refuses=refuses).encode(),
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {TOY}\nVersion: {version}\nRequires-Dist: numpy\n".encode(),
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: specfuzz-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = out / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return path
+
+
+def _toy_entry(path: Path, version: str = "1.6", engine_name: str = "toy") -> Path:
+    """A finding entry stored on the toy engine: regression N5's case (draft_model K=1, V=4)."""
+    data = json.loads((ROOT / "corpus" / "regression" / "regression-N5.json").read_text())
+    data["kind"] = "finding"
+    data["engine"] = {"name": engine_name, "version": version, "engine_spec": "toy_engine:ToyEngine", "package": TOY}
+    data["extra"] = {}
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPECFUZZ, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+# ----------------------------------------------------------------------------- the search
+
+
+def test_search_finds_the_exact_boundaries_with_every_release_testable():
+    outcomes = ["good"] * 4 + ["bad"] * 5 + ["good"] * 3  # introduced in 4, fixed in 9
+    calls: list[int] = []
+
+    def outcome(i):
+        calls.append(i)
+        return outcomes[i]
+
+    res = search(len(outcomes), 6, outcome)
+    assert (res.last_good, res.first_bad, res.last_bad, res.first_fixed) == (3, 4, 8, 9)
+    assert len(calls) == len(set(calls)) <= 9  # each release at most once, fewer than all 12
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 40).flatmap(lambda n: st.tuples(
+    st.just(n), st.integers(0, n - 1), st.integers(0, n - 1),
+    st.lists(st.sampled_from(["cannot-run", "not-installable"]) | st.none(), min_size=n, max_size=n))))
+def test_search_boundaries_are_adjacent_testable_releases_around_one_bad_stretch(args):
+    n, a, b, untestable = args
+    lo, hi = min(a, b), max(a, b)
+    truth = ["bad" if lo <= i <= hi else "good" for i in range(n)]
+    anchor = (lo + hi) // 2
+    untestable[anchor] = None
+    seen = {i: (u or truth[i]) for i, u in enumerate(untestable)}
+    res = search(n, anchor, lambda i: seen[i])
+    assert res.anchor_bad
+    fb, lg, lb, ff = res.first_bad, res.last_good, res.last_bad, res.first_fixed
+    assert seen[fb] == "bad" and seen[lb] == "bad" and fb <= anchor <= lb
+    # Everything testable between the boundaries is untestable: no testable release was skipped.
+    if lg is None:
+        assert all(seen[i] not in ("good", "bad") or i >= fb for i in range(fb)) and all(seen[i] != "good" for i in range(fb))
+    else:
+        assert seen[lg] == "good" and lg < fb and all(seen[i] not in ("good", "bad") for i in range(lg + 1, fb))
+        assert res.untested_before == list(range(lg + 1, fb))
+    if ff is None:
+        assert all(seen[i] not in ("good", "bad") for i in range(lb + 1, n))
+    else:
+        assert seen[ff] == "good" and ff > lb and all(seen[i] not in ("good", "bad") for i in range(lb + 1, ff))
+    # With one bad stretch, the true boundary lies within the reported bounds.
+    assert (lg is None or lg < lo) and lo <= fb and lb <= hi and (ff is None or ff > hi)
+
+
+def test_search_stops_when_the_entry_does_not_reproduce_on_its_own_release():
+    res = search(5, 4, lambda i: "good")
+    assert not res.anchor_bad and res.first_bad is None
+
+
+def test_crash_fingerprint_ignores_numbers_and_the_wrapper_words():
+    stored = "engine exception: generate raised RuntimeError: index 885600070 is out of bounds for dimension 1 with size 3"
+    again = "engine exception: generate raised RuntimeError: index 195092853 is out of bounds for dimension 1 with size 3"
+    older = "engine raise: RuntimeError: index 12 is out of bounds for dimension 1 with size 3"
+    other = "engine exception: generate raised ValueError: top_k must be positive"
+    assert crash_fingerprint(stored) == crash_fingerprint(again) == crash_fingerprint(older)
+    assert crash_fingerprint(stored) != crash_fingerprint(other)
+
+
+def test_release_ranges_are_inclusive_and_skip_prereleases_unless_named():
+    rel = [Release(v, None) for v in ("0.9", "1.0", "1.1rc1", "1.1", "2.0")]
+    assert [r.version for r in parse_range("1.0..1.1", rel)] == ["1.0", "1.1"]
+    assert [r.version for r in parse_range("1.1rc1..", rel)] == ["1.1rc1", "1.1", "2.0"]
+    assert [r.version for r in parse_range(None, rel)] == ["0.9", "1.0", "1.1", "2.0"]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def toy_index(tmp_path_factory):
+    wheels = tmp_path_factory.mktemp("toy-wheels")
+    for version, (bug, refuses) in TOY_RELEASES.items():
+        _wheel(wheels, version, bug, refuses)
+    return wheels, tmp_path_factory.mktemp("toy-envs")
+
+
+@pytest.mark.slow
+def test_bisect_finds_the_exact_release_that_introduced_and_the_one_that_fixed_a_synthetic_engine_bug(toy_index, tmp_path):
+    wheels, envs = toy_index
+    entry = _toy_entry(tmp_path / "finding-toy.json")
+    proc = _run("bisect", str(entry), "--engine-package", TOY, "--find-links", str(wheels), "--env-dir", str(envs),
+                "--samples", "300", "--work-dir", str(tmp_path / "work"), "--deps", "latest")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads(entry.read_text())["extra"]["bisect"]
+    assert rec["complete"] and rec["package"] == TOY and rec["releases_in_range"] == len(TOY_RELEASES)
+    assert (rec["last_good"]["version"], rec["first_bad"]["version"]) == ("1.1", "1.2")
+    assert (rec["last_bad"]["version"], rec["first_fixed"]["version"]) == ("1.6", "2.0")
+    probes = {p["version"]: p for p in rec["probes"]}
+    assert probes["1.3"]["outcome"] == "cannot-run" and "not supported by toy-engine 1.3" in probes["1.3"]["evidence"]
+    assert probes["1.2"]["outcome"] == "bad" and probes["1.1"]["outcome"] == "good"
+    assert all(p["tested_at"] and p["env"]["status"] == "ready" for p in probes.values())
+    assert rec["summary"] == f"{TOY}: introduced in 1.2 (1.1 passes); fixed in 2.0 (1.6 still fails)."
+    assert "introduced in 1.2" in proc.stdout and "fixed in 2.0" in proc.stdout
+    assert "fixed in 2.0" in "\n".join(draft_lines(rec))
+    # A second bisection with the same settings reuses every stored probe: no release re-tested.
+    again = _run("bisect", str(entry), "--engine-package", TOY, "--find-links", str(wheels), "--env-dir", str(envs),
+                 "--samples", "300", "--work-dir", str(tmp_path / "work"), "--deps", "latest")
+    assert again.returncode == 0 and "testing ..." not in again.stderr and "(stored)" in again.stderr
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _unchanged_after(entry: Path, *args: str) -> subprocess.CompletedProcess:
+    before = entry.read_bytes()
+    proc = _run("bisect", str(entry), *args, timeout=120)
+    assert entry.read_bytes() == before
+    return proc
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and all(n in lines[0] for n in needles), lines[0]
+
+
+def test_an_entry_whose_engine_is_no_pip_package_is_refused_in_one_line(tmp_path):
+    entry = _toy_entry(tmp_path / "finding-ref.json", engine_name="reference")
+    data = json.loads(entry.read_text())
+    del data["engine"]["package"]
+    entry.write_text(json.dumps(data))
+    _one_line_error(_unchanged_after(entry), "engine='reference'", "pip package")
+
+
+@pytest.mark.parametrize("versions, needle", [("2.0..1.0", "reversed"), ("1.0", "A..B"), ("x..y", "release versions")])
+def test_a_malformed_or_reversed_range_is_refused_before_any_lookup(tmp_path, versions, needle):
+    entry = _toy_entry(tmp_path / "finding-toy.json")
+    # An index nobody listens on: the range is checked first, so this is never reached.
+    proc = _unchanged_after(entry, "--engine-package", TOY, "--versions", versions, "--index-url", "http://127.0.0.1:9/simple")
+    _one_line_error(proc, "--versions", needle)
+
+
+def test_an_empty_range_is_refused_naming_the_releases_there_are(toy_index, tmp_path):
+    wheels, _ = toy_index
+    entry = _toy_entry(tmp_path / "finding-toy.json")
+    proc = _unchanged_after(entry, "--engine-package", TOY, "--find-links", str(wheels), "--versions", "3.0..4.0")
+    _one_line_error(proc, "--versions='3.0..4.0'", "1.0..2.1")
+
+
+def test_an_unreachable_registry_is_refused_in_one_line(toy_index, tmp_path):
+    wheels, _ = toy_index
+    entry = _toy_entry(tmp_path / "finding-toy.json")
+    proc = _unchanged_after(entry, "--engine-package", TOY, "--find-links", str(wheels), "--index-url", "http://127.0.0.1:9/simple")
+    _one_line_error(proc, "cannot be reached", "127.0.0.1:9")
