@@ -596,6 +596,10 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
     if data.settings:
         L += [f"| engine settings | `{json.dumps(data.settings, sort_keys=True)}` |"]
     L += [""]
+    # releases affected (`specfuzz bisect`), when the entry has been bisected
+    from specfuzz.fuzz.bisect import draft_lines
+
+    L += [data.scrub.text(line) for line in draft_lines(e.extra.get("bisect"))]
     # request
     p = cj.get("params") or {}
     nd = _nondefault_params(p)

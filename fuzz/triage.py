@@ -220,6 +220,7 @@ class EntryReport:
     effect: Effect
     condition: ConditionGuess
     rerun: dict | None = None
+    latest: dict | None = None  # `triage --latest`: the check on the newest installable release
 
     @property
     def cls(self) -> str | None:
@@ -265,6 +266,7 @@ class EntryReport:
             "last_seen": e.last_seen,
             "times_seen": e.times_seen,
             "rerun": self.rerun,
+            "latest": self.latest,
         }
 
 
@@ -458,6 +460,7 @@ class TriageReport:
     groups: list[Group]
     skipped: list[Skipped]
     reran: bool = False
+    latest: bool = False  # entries re-checked on their engine's newest installable release
 
     @property
     def reports(self) -> list[EntryReport]:
@@ -472,6 +475,7 @@ class TriageReport:
             "corpus": str(self.root),
             "generated": now_iso(),
             "rerun": self.reran,
+            "latest": self.latest,
             "totals": {"entries": len(reports), "groups": len(self.groups), "skipped": len(self.skipped),
                        "by_status": by_status},
             "groups": [g.to_json() for g in self.groups],

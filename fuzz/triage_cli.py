@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specfuzz.fuzz.bisect_cli import env_options, make_envs
+
 # Console width when the output is not a terminal (and COLUMNS is not set).
 PIPE_WIDTH = 240
 STATUS_STYLES = {"new": "bold yellow", "confirmed": "bold red", "flaky": "magenta", "fixed": "green"}
@@ -47,6 +49,8 @@ def render_triage(report, console: Console) -> None:
         t.add_column(col, **kw)
     if report.reran:
         t.add_column("re-run")
+    if report.latest:
+        t.add_column("latest release")
     for gi, g in enumerate(report.groups):
         if gi:
             t.add_section()
@@ -62,6 +66,10 @@ def render_triage(report, console: Console) -> None:
                 rr = r.rerun or {}
                 runs = ", ".join(x["outcome"] for x in rr.get("runs", []))
                 row.append(f"{runs} → {rr.get('status_after', '-')}" if rr else "-")
+            if report.latest:
+                lt = r.latest or {}
+                row.append(f"skipped: {lt['skipped'][:60]}" if "skipped" in lt else
+                           f"{lt.get('version')}: {lt.get('outcome')} → {lt.get('status_after')}" if lt else "-")
             t.add_row(*row)
     console.print(t)
     for s in report.skipped:
@@ -91,6 +99,27 @@ def _method_cell(case: dict) -> str:
     return method_label(case)
 
 
+def _check_latest(report, samples: int, alpha: float, seed: int, work_dir: Path, env_args: tuple, log) -> None:
+    """`triage --latest`: every entry re-checked on its engine package's newest installable release."""
+    from specfuzz.errors import SpecfuzzError
+    from specfuzz.fuzz.bisect import BisectConfig, check_latest
+    from specfuzz.fuzz.triage import group_reports
+
+    envs = make_envs(*env_args, log)
+    cfg = BisectConfig(samples=samples, alpha=alpha, seed=seed, work_dir=work_dir)
+    cache: dict = {}
+    for r in report.reports:
+        try:
+            r.latest = check_latest(r.path, r.entry, envs, cfg, releases_cache=cache, log=log)
+        except SpecfuzzError as exc:  # no registry: say so once per entry, change nothing
+            r.latest = {"skipped": str(exc)}
+        rec = r.latest
+        log(f"  {r.rel}: " + (f"skipped ({rec['skipped']})" if "skipped" in rec else
+                              f"{rec['package']} {rec['version']}: {rec['outcome']} → {rec['status_after']}"))
+    report.groups = group_reports(report.reports)
+    report.latest = True
+
+
 @click.command("triage")
 @click.argument("corpus_dir", default="corpus", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--rerun", is_flag=True, help="Re-confirm every entry on the installed engine and update its status in place.")
@@ -100,8 +129,12 @@ def _method_cell(case: dict) -> str:
 @click.option("--seed", default=12345, show_default=True, help="--rerun: first request seed (fresh: not the campaign's).")
 @click.option("--engine", default=None, help="--rerun: run every entry on this engine instead of its own.")
 @click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--latest", is_flag=True, help="Re-check every entry on the newest installable release of its engine package "
+              "(its own environment, as `specfuzz bisect` makes them) and mark it fixed / still present (confirmed).")
+@env_options
 def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha: float, seed: int,
-               engine: str | None, work_dir: Path) -> None:
+               engine: str | None, work_dir: Path, latest: bool, index_url, find_links, env_dir, deps,
+               torch_any_build) -> None:
     """Group corpus entries by signature: engine, broken condition, effect size, evidence, status.
 
     Files in the folder that are not corpus entries (invalid JSON, another schema) are
@@ -110,6 +143,9 @@ def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha
     from specfuzz.fuzz.triage import Rerunner, rerun_corpus, triage
 
     err = Console(stderr=True)
+    if latest and rerun:
+        raise click.BadParameter("--latest re-checks on the newest release, --rerun on the installed engine: one of them",
+                                 param_hint="--latest")
     if not corpus_dir.is_dir():
         if as_json:
             err.print(f"[yellow]no corpus folder at {corpus_dir}[/yellow]")
@@ -120,6 +156,9 @@ def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha
         with Rerunner(samples=samples, alpha=alpha, seed=seed, work_dir=work_dir, engine=engine,
                       log=lambda s: err.print(s, highlight=False)) as rr:
             rerun_corpus(report, rr)
+    if latest and report.reports:
+        _check_latest(report, samples, alpha, seed, work_dir, (index_url, find_links, env_dir, deps, torch_any_build),
+                      lambda s: err.print(s, highlight=False, soft_wrap=True))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False, allow_nan=False))
         return

@@ -258,3 +258,32 @@ def test_an_unreachable_registry_is_refused_in_one_line(toy_index, tmp_path):
     entry = _toy_entry(tmp_path / "finding-toy.json")
     proc = _unchanged_after(entry, "--engine-package", TOY, "--find-links", str(wheels), "--index-url", "http://127.0.0.1:9/simple")
     _one_line_error(proc, "cannot be reached", "127.0.0.1:9")
+
+
+@pytest.mark.slow
+def test_triage_latest_marks_an_entry_fixed_when_the_newest_release_passes_and_skips_unreleased_engines(toy_index, tmp_path):
+    import jsonschema
+
+    wheels, envs = toy_index
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    found = _toy_entry(corpus / "finding-toy.json", version="1.2")
+    ref = _toy_entry(corpus / "finding-ref.json", engine_name="reference")
+    data = json.loads(ref.read_text())
+    del data["engine"]["package"]
+    ref.write_text(json.dumps(data))
+    ref_before = ref.read_bytes()
+    proc = _run("triage", str(corpus), "--latest", "--json", "--find-links", str(wheels), "--env-dir", str(envs),
+                "--samples", "300", "--work-dir", str(tmp_path / "work"), "--deps", "latest")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    jsonschema.validate(out, json.loads((ROOT / "docs" / "triage-schema.json").read_text()))
+    stored = json.loads(found.read_text())
+    assert stored["status"] == "fixed"
+    latest = stored["extra"]["latest"]
+    assert (latest["package"], latest["version"], latest["outcome"]) == (TOY, "2.1", "good")
+    assert latest["status_before"] == "new" and latest["status_after"] == "fixed"
+    by_path = {e["path"]: e for g in out["groups"] for e in g["entries"]}
+    assert by_path["finding-toy.json"]["latest"]["version"] == "2.1" and out["latest"] is True
+    assert "not a pip-installable package" in by_path["finding-ref.json"]["latest"]["skipped"]
+    assert ref.read_bytes() == ref_before
