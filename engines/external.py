@@ -87,14 +87,16 @@ class ExternalEngine(IsolatedEngine):
     """An engine in a child process of another Python interpreter (``python``).
 
     ``env``: extra environment variables for the child (on top of the caller's, less
-    :data:`_DROPPED_ENV`).
+    :data:`_DROPPED_ENV`); ``site_dirs``: folders searched before the interpreter's own
+    site-packages (a release unpacked from a bundle, on a machine without an index).
     """
 
     def __init__(self, engine_spec: str, kwargs: Mapping[str, Any] | None = None, *, python: Path | str,
-                 env: Mapping[str, str] | None = None, **kw: Any) -> None:
+                 env: Mapping[str, str] | None = None, site_dirs: tuple[str, ...] = (), **kw: Any) -> None:
         super().__init__(engine_spec, kwargs, **kw)
         self.python = str(python)
         self.extra_env = dict(env or {})
+        self.site_dirs = tuple(str(d) for d in site_dirs)
 
     def _spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair()
@@ -103,6 +105,7 @@ class ExternalEngine(IsolatedEngine):
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
         env.update(self.extra_env)
         env["SPECFUZZ_PACKAGE_PATHS"] = json.dumps(package_paths())
+        env["SPECFUZZ_SITE_DIRS"] = json.dumps(list(self.site_dirs))
         fd = child_sock.fileno()
         with open(self.log_path, "ab") as log:
             popen = subprocess.Popen([self.python, "-I", str(CHILD_SCRIPT), str(fd)], pass_fds=(fd,), env=env,

@@ -25,7 +25,12 @@ def _install_specfuzz(paths: list) -> None:
 
 
 # At import, not only in main(): processes the engine spawns (vLLM's workers) import this
-# file again as their __mp_main__ and may unpickle specfuzz objects.
+# file again as their __mp_main__ and may unpickle specfuzz objects. SPECFUZZ_SITE_DIRS:
+# folders of a release unpacked without an installer (a bundle carried to a machine with no
+# package index), searched before the interpreter's own site-packages.
+for _d in reversed(json.loads(os.environ.get("SPECFUZZ_SITE_DIRS") or "[]")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 if "specfuzz" not in sys.modules and os.environ.get("SPECFUZZ_PACKAGE_PATHS"):
     _install_specfuzz(json.loads(os.environ["SPECFUZZ_PACKAGE_PATHS"]))
 

@@ -200,10 +200,11 @@ def crash_fingerprint(text: str) -> str:
 class ReleaseRerunner(Rerunner):
     """A Rerunner whose engine runs in a release environment (one engine process at a time)."""
 
-    def __init__(self, *, python: str, engine_spec: str, **kw) -> None:
+    def __init__(self, *, python: str, engine_spec: str, site_dirs: tuple[str, ...] = (), **kw) -> None:
         super().__init__(**kw)
         self.python = python
         self.spec = engine_spec
+        self.site_dirs = site_dirs
 
     def engine_spec(self, entry: Entry) -> tuple[str, dict]:
         return self.spec, {}
@@ -213,7 +214,8 @@ class ReleaseRerunner(Rerunner):
 
         key = (spec, tuple(sorted(kw.items())))
         if key not in self._engines:
-            self._engines[key] = ExternalEngine(spec, kw, python=self.python, log_dir=self.work_dir / "logs")
+            self._engines[key] = ExternalEngine(spec, kw, python=self.python, site_dirs=self.site_dirs,
+                                                log_dir=self.work_dir / "logs")
         return self._engines[key]
 
 
@@ -248,7 +250,8 @@ def probe_release(entry: Entry, package: str, release: Release, env: EnvResult, 
     if env.status != "ready":
         return Probe(release.version, release.released, "not-installable", f"not installable here: {env.detail}", at,
                      time.monotonic() - t0, (), env_json)
-    rr = ReleaseRerunner(python=str(env.python), engine_spec=engine_spec_for(entry, package), samples=cfg.samples,
+    rr = ReleaseRerunner(python=str(env.python), engine_spec=engine_spec_for(entry, package), site_dirs=env.site_dirs,
+                         samples=cfg.samples,
                          alpha=cfg.alpha, seed=cfg.seed, work_dir=cfg.work_dir)
     runs: list[RunOutcome] = []
     try:
@@ -333,7 +336,7 @@ def plan(path: Path, *, package: str | None, versions: str | None, envs: Release
                            f"({', '.join(sorted(ENGINE_PACKAGES))}, or name one with --engine-package)")
     engine_spec_for(entry, pkg)
     range_bounds(versions)  # a malformed or reversed range is refused before any look-up
-    releases = list_releases(pkg, envs.source)
+    releases = envs.list_releases(pkg)
     chosen = parse_range(versions, releases)
     own = str(entry.engine.get("version") or "")
     idx = next((i for i, r in enumerate(chosen) if _same_version(r.version, own)), None)
@@ -586,7 +589,7 @@ def check_latest(path: Path, entry: Entry, envs: ReleaseEnvs, cfg: BisectConfig,
         return {"skipped": str(exc)}
     cache = releases_cache if releases_cache is not None else {}
     if pkg not in cache:
-        cache[pkg] = list_releases(pkg, envs.source)
+        cache[pkg] = envs.list_releases(pkg)
     own = str(entry.engine.get("version") or "")
     candidates = [r for r in reversed(cache[pkg]) if not r.yanked and not r.key.is_prerelease]
     probe: Probe | None = None

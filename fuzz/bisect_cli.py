@@ -30,14 +30,18 @@ def env_options(f):
                      help="Dependencies as they were when each release came out, or the newest."),
         click.option("--torch-any-build", is_flag=True,
                      help="When a release pins a torch build no reachable index has (X+cpu), install torch X from the index instead (recorded)."),
+        click.option("--prebuilt", default=None, type=click.Path(file_okay=False, path_type=Path),
+                     help="Releases already unpacked as DIR/<version>/site (bundles carried to a machine without a package index): no index, no installs."),
     ]):
         f = opt(f)
     return f
 
 
-def make_envs(index_url, find_links, env_dir, deps, torch_any_build, log):
-    from specfuzz.fuzz.release_envs import ReleaseEnvs, Source, default_find_links, default_index_url
+def make_envs(index_url, find_links, env_dir, deps, torch_any_build, prebuilt, log):
+    from specfuzz.fuzz.release_envs import PrebuiltEnvs, ReleaseEnvs, Source, default_find_links, default_index_url
 
+    if prebuilt is not None:
+        return PrebuiltEnvs(prebuilt, log=log)
     links = tuple(str(p) for p in find_links) if find_links else default_find_links()
     src = Source(index_url or default_index_url(), links)
     return ReleaseEnvs(env_dir, source=src, deps=deps, torch_any_build=torch_any_build, log=log)
@@ -61,7 +65,7 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the record stored at extra.bisect as JSON.")
 @env_options
 def bisect_cmd(entry_path, engine_package, versions, jobs, samples, alpha, seed, attempts, work_dir, fresh, as_json,
-               index_url, find_links, env_dir, deps, torch_any_build) -> None:
+               index_url, find_links, env_dir, deps, torch_any_build, prebuilt) -> None:
     """Which engine release introduced a finding, and which one fixed it.
 
     Installs engine releases into cached environments (one per release, made with uv),
@@ -76,7 +80,7 @@ def bisect_cmd(entry_path, engine_package, versions, jobs, samples, alpha, seed,
     err = Console(stderr=True)
     log = lambda s: err.print(s, highlight=False, soft_wrap=True)  # noqa: E731
     try:
-        envs = make_envs(index_url, find_links, env_dir, deps, torch_any_build, log)
+        envs = make_envs(index_url, find_links, env_dir, deps, torch_any_build, prebuilt, log)
         b = plan(entry_path, package=engine_package, versions=versions, envs=envs)  # validates; writes nothing
     except SpecfuzzError as exc:
         # One line, whatever the terminal width; nothing was installed or written.

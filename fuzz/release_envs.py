@@ -308,6 +308,7 @@ class EnvResult:
     seconds: float = 0.0
     cached: bool = False
     info: dict = field(default_factory=dict)  # installed versions, torch swap, deps mode
+    site_dirs: tuple[str, ...] = ()  # a prebuilt release: folders put before the interpreter's site-packages
 
     def to_json(self) -> dict:
         return {"status": self.status, "detail": self.detail, "seconds": round(self.seconds, 1), "cached": self.cached,
@@ -331,6 +332,9 @@ class ReleaseEnvs:
     @property
     def cache_dir(self) -> Path:
         return self.root / "uv-cache"
+
+    def list_releases(self, package: str) -> list[Release]:
+        return list_releases(package, self.source)
 
     def env_dir(self, package: str, version: str) -> Path:
         opts = json.dumps([self.deps, self.torch_any_build, self.source.index_url, list(self.source.find_links)])
@@ -472,3 +476,55 @@ def _uv_reason(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
     errs = [ln for ln in lines if ln.lower().startswith(("error", "×", "caused by"))]
     return (" ".join(errs) if errs else (lines[-1] if lines else "uv failed"))[:300]
+
+
+class PrebuiltEnvs:
+    """Releases unpacked beforehand into ``root/<version>/site`` (bundles carried to a machine
+    with no package index, e.g. the H200): no index is asked, nothing is installed.
+
+    Each release folder may hold ``release.json`` (``{"released": "2026-06-30", ...}``, written
+    by the bundle builder) with its upload date and what it was built from. The interpreter
+    is the caller's base Python (whose own site-packages provide torch and the rest).
+    """
+
+    deps = "bundled"
+    torch_any_build = False
+
+    def __init__(self, root: Path | str, *, log: Callable[[str], None] | None = None) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise InvalidInput("--prebuilt", str(root), "a folder of unpacked releases (<version>/site)")
+        self.source = Source(f"prebuilt:{self.root}", ())
+        self.log = log or (lambda s: None)
+
+    def _meta(self, version_dir: Path) -> dict:
+        try:
+            return json.loads((version_dir / "release.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def list_releases(self, package: str) -> list[Release]:
+        out = []
+        for d in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            try:
+                ver = Version(d.name)
+            except InvalidVersion:
+                continue
+            if (d / "site").is_dir():
+                out.append((ver, Release(str(ver), self._meta(d).get("released"))))
+        if not out:
+            raise InvalidInput("--prebuilt", str(self.root), f"a folder holding <version>/site folders of {package}")
+        return [r for _, r in sorted(out)]
+
+    def ensure(self, package: str, release: Release) -> EnvResult:
+        d = self.root / release.version
+        meta = self._meta(d)
+        info = {"deps": "bundled", "engine_version": release.version, "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+                **{k: meta[k] for k in ("torch", "built_from") if k in meta}}
+        if not (d / "site").is_dir():
+            return EnvResult(package, release.version, "not-installable", None, f"no bundle at {d}/site", info=info)
+        extra = [str(d / "site")] + [str(Path(p)) for p in meta.get("also", [])]
+        return EnvResult(package, release.version, "ready", base_python(), "", 0.0, True, info, tuple(extra))
+
+    def disk_usage(self) -> int:
+        return sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())

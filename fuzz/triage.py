@@ -606,7 +606,7 @@ class Rerunner:
     def run_once(self, entry: Entry, seed: int) -> RunOutcome:
         from specfuzz.case import Case
         from specfuzz.engines.isolation import EngineCrash
-        from specfuzz.errors import SpecfuzzError
+        from specfuzz.errors import InvalidInput, SpecfuzzError
         from specfuzz.fuzz.run import run_case
 
         try:
@@ -622,6 +622,8 @@ class Rerunner:
                            settings=entry_settings(entry) or None)
         except EngineCrash as exc:
             return RunOutcome("crash", seed, 0, None, _clip(str(exc), 300))
+        except InvalidInput as exc:  # the engine refuses the case: what it allows says why (the value can be long)
+            return RunOutcome("error", seed, 0, None, _clip(f"InvalidInput: {exc.name} refused: {exc.allowed}", 300))
         except (SpecfuzzError, Exception) as exc:  # noqa: BLE001 - an entry that cannot run is reported
             return RunOutcome("error", seed, 0, None, _clip(f"{type(exc).__name__}: {exc}", 300))
         if run.crash is not None:

@@ -134,7 +134,7 @@ def _check_latest(report, samples: int, alpha: float, seed: int, work_dir: Path,
 @env_options
 def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha: float, seed: int,
                engine: str | None, work_dir: Path, latest: bool, index_url, find_links, env_dir, deps,
-               torch_any_build) -> None:
+               torch_any_build, prebuilt) -> None:
     """Group corpus entries by signature: engine, broken condition, effect size, evidence, status.
 
     Files in the folder that are not corpus entries (invalid JSON, another schema) are
@@ -157,7 +157,7 @@ def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha
                       log=lambda s: err.print(s, highlight=False)) as rr:
             rerun_corpus(report, rr)
     if latest and report.reports:
-        _check_latest(report, samples, alpha, seed, work_dir, (index_url, find_links, env_dir, deps, torch_any_build),
+        _check_latest(report, samples, alpha, seed, work_dir, (index_url, find_links, env_dir, deps, torch_any_build, prebuilt),
                       lambda s: err.print(s, highlight=False, soft_wrap=True))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False, allow_nan=False))

@@ -287,3 +287,26 @@ def test_triage_latest_marks_an_entry_fixed_when_the_newest_release_passes_and_s
     assert by_path["finding-toy.json"]["latest"]["version"] == "2.1" and out["latest"] is True
     assert "not a pip-installable package" in by_path["finding-ref.json"]["latest"]["skipped"]
     assert ref.read_bytes() == ref_before
+
+
+@pytest.mark.slow
+def test_bisect_runs_on_prebuilt_release_folders_with_no_index_reachable(toy_index, tmp_path):
+    """The H200 way: releases unpacked from carried bundles (<version>/site), no index, no installs."""
+    import numpy
+
+    wheels, _ = toy_index
+    prebuilt = tmp_path / "releases"
+    for version in ("1.1", "1.2", "1.6", "2.0"):
+        site = prebuilt / version / "site"
+        with zipfile.ZipFile(next(wheels.glob(f"*-{version}-py3-none-any.whl"))) as z:
+            z.extractall(site)
+        # The machine's own packages (numpy here; torch and the rest on the H200) come from "also".
+        (prebuilt / version / "release.json").write_text(json.dumps(
+            {"released": f"2026-0{int(float(version))}-01", "also": [str(Path(numpy.__file__).parents[1])]}))
+    entry = _toy_entry(tmp_path / "finding-toy.json")
+    proc = _run("bisect", str(entry), "--engine-package", TOY, "--prebuilt", str(prebuilt), "--samples", "300",
+                "--index-url", "http://127.0.0.1:9/simple", "--work-dir", str(tmp_path / "work"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads(entry.read_text())["extra"]["bisect"]
+    assert rec["summary"] == f"{TOY}: introduced in 1.2 (1.1 passes); fixed in 2.0 (1.6 still fails)."
+    assert rec["first_bad"]["released"] == "2026-01-01" and rec["settings"]["deps"] == "bundled"
