@@ -149,7 +149,7 @@ def search(n: int, anchor: int, outcome: Callable[[int], str], *, prefetch: Call
                 return g, b
 
     # Older side: the oldest testable release, then the boundary between it and the anchor.
-    oldest = next((i for i in range(anchor) if test(i) in TESTABLE), None) if anchor > 0 else None
+    oldest = _oldest_testable(anchor, test)
     if oldest is None or seen[oldest] == "bad":
         res.first_bad = anchor if oldest is None else oldest
         res.last_good = None
@@ -169,6 +169,28 @@ def search(n: int, anchor: int, outcome: Callable[[int], str], *, prefetch: Call
         res.last_bad, res.first_fixed = b, g
         res.untested_after = [i for i in range(b + 1, g)]
     return res
+
+
+def _oldest_testable(anchor: int, test: Callable[[int], str]) -> int | None:
+    """The oldest testable release before ``anchor`` (None: none is).
+
+    Release 0 first (a range that is testable throughout costs one probe); when it is not,
+    a binary search for the start of the testable releases, which assumes releases that
+    cannot run the case or cannot be installed come first (the feature did not exist, the
+    torch they pin is not here). Older releases it did not test stay listed as such.
+    """
+    if anchor == 0:
+        return None
+    if test(0) in TESTABLE:
+        return 0
+    lo, hi = 0, anchor  # lo untestable, hi testable (the anchor)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if test(mid) in TESTABLE:
+            hi = mid
+        else:
+            lo = mid
+    return hi if hi < anchor else None
 
 
 def _next_mids(lo: int, hi: int, mid: int) -> list[int]:
@@ -520,14 +542,14 @@ def summary(b: Bisection, res: SearchResult, probes: Mapping[str, Probe]) -> str
         return (f"does not reproduce on {b.package} {V[res.anchor]} ({anchor.outcome if anchor else '?'}: {why[:200]}); "
                 "no bisection")
     untested = [V[i] for i in res.untested_before]
-    reasons = sorted({probes[v].outcome for v in untested if v in probes})
+    reasons = sorted({probes[v].outcome if v in probes else "not tested" for v in untested})
     if res.last_good is None:
         first = V[res.first_bad]
         if res.first_bad == 0:
             intro = f"present since {first}, the oldest release in the range {V[0]}..{V[-1]}"
         else:
-            intro = (f"introduced in {first} or earlier: it is the oldest release here that can run the case "
-                     f"(older: {_group(untested)} {' / '.join(reasons)})")
+            intro = (f"introduced in {first} or earlier: the oldest release found here that can run the case "
+                     f"(older: {_group(untested)}: {' / '.join(reasons)})")
     elif not untested:
         intro = f"introduced in {V[res.first_bad]} ({V[res.last_good]} passes)"
     else:
