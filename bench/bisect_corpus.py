@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "bisect_cpu.json"
+LOGS = ROOT / "bench" / "_tmp" / "bisect"
 RANGES = {
     "vllm": ["--versions", "0.20.0..0.32.0", "--torch-any-build"],
     "hf-transformers": ["--versions", "5.5.0..5.24.0"],
@@ -47,12 +48,15 @@ def main() -> None:
         cmd = [str(ROOT / ".venv/bin/specfuzz"), "bisect", str(path), "--json", *RANGES[name]]
         print(f"{now_iso()} {path.name}: {' '.join(cmd[2:])}", flush=True)
         t0 = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
-            rc, out, err = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, out, err = "timeout", exc.stdout or "", exc.stderr or ""
-            out, err = (out.decode() if isinstance(out, bytes) else out), (err.decode() if isinstance(err, bytes) else err)
+        LOGS.mkdir(parents=True, exist_ok=True)
+        log_path = LOGS / f"{path.stem}.log"
+        with open(log_path, "w") as log:  # the command's progress, live (git-ignored)
+            try:
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.timeout, cwd=ROOT)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        err = log_path.read_text()
         wall = time.monotonic() - t0
         rec = json.loads(path.read_text()).get("extra", {}).get("bisect", {})
         results["entries"][path.name] = {

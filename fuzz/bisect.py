@@ -47,6 +47,8 @@ OUTCOMES = ("bad", "good", "cannot-run", "not-installable")
 TESTABLE = ("bad", "good")
 # Runs of a crash entry per release before "no crash" counts (crashes that come and go).
 DEFAULT_CRASH_ATTEMPTS = 3
+# Requests per engine call when replaying a crash entry (the campaign's batches are 500-600).
+CRASH_BATCH = 500
 # Settings a stored probe must share with this bisection to be reused instead of re-run.
 _REUSE_KEYS = ("package", "samples", "alpha", "attempts", "deps", "torch_any_build")
 
@@ -222,11 +224,13 @@ def crash_fingerprint(text: str) -> str:
 class ReleaseRerunner(Rerunner):
     """A Rerunner whose engine runs in a release environment (one engine process at a time)."""
 
-    def __init__(self, *, python: str, engine_spec: str, site_dirs: tuple[str, ...] = (), **kw) -> None:
+    def __init__(self, *, python: str, engine_spec: str, site_dirs: tuple[str, ...] = (),
+                 env: Mapping[str, str] | None = None, **kw) -> None:
         super().__init__(**kw)
         self.python = python
         self.spec = engine_spec
         self.site_dirs = site_dirs
+        self.env = dict(env or {})
 
     def engine_spec(self, entry: Entry) -> tuple[str, dict]:
         return self.spec, {}
@@ -236,7 +240,7 @@ class ReleaseRerunner(Rerunner):
 
         key = (spec, tuple(sorted(kw.items())))
         if key not in self._engines:
-            self._engines[key] = ExternalEngine(spec, kw, python=self.python, site_dirs=self.site_dirs,
+            self._engines[key] = ExternalEngine(spec, kw, python=self.python, site_dirs=self.site_dirs, env=self.env,
                                                 log_dir=self.work_dir / "logs")
         return self._engines[key]
 
@@ -273,7 +277,7 @@ def probe_release(entry: Entry, package: str, release: Release, env: EnvResult, 
         return Probe(release.version, release.released, "not-installable", f"not installable here: {env.detail}", at,
                      time.monotonic() - t0, (), env_json)
     rr = ReleaseRerunner(python=str(env.python), engine_spec=engine_spec_for(entry, package), site_dirs=env.site_dirs,
-                         samples=cfg.samples,
+                         env=env.env, samples=cfg.samples,
                          alpha=cfg.alpha, seed=cfg.seed, work_dir=cfg.work_dir)
     runs: list[RunOutcome] = []
     try:
@@ -300,13 +304,64 @@ def _probe_finding(entry: Entry, rr: ReleaseRerunner, runs: list[RunOutcome]) ->
     return "good", f"passes twice ({runs[0].n} and {runs[1].n} samples, no evidence against μ): {runs[-1].detail}"
 
 
+def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> tuple[RunOutcome, str]:
+    """One run of a crash entry's case: its requests (every pattern of its crashing batch, when
+    stored) in batches, with no law computed (μ plays no part in a crash). Returns the outcome
+    and the crash's log tail (the root cause of an engine process's death is often only there)."""
+    from itertools import cycle, islice
+
+    from specfuzz.case import Case
+    from specfuzz.engines.base import Request
+    from specfuzz.engines.isolation import EngineCrash
+    from specfuzz.fuzz.run import engine_config
+    from specfuzz.fuzz.triage import entry_dtype, entry_settings
+    from specfuzz.oracle.params import SamplingParams
+
+    spec, kw = rr.engine_spec(entry)
+    eng = rr._engine(spec, kw)
+    sent = 0
+    try:
+        case = Case.from_json(entry.case)
+        if entry.extra.get("sequence"):
+            return rr._run_sequence(eng, entry, case, seed), ""
+        patterns = [(tuple(case.prompt), case.params)]
+        for p in entry.extra.get("batch_patterns") or []:
+            patterns.append((tuple(p["prompt"]), SamplingParams.from_json(p["params"])))
+        eng.start(engine_config(case, rr.work_dir / "checkpoints", dtype=entry_dtype(entry),
+                                settings=entry_settings(entry) or None))
+        while sent < requests:
+            k = min(CRASH_BATCH, requests - sent)
+            eng.generate([Request(pr, params, seed + sent + j) for j, (pr, params) in enumerate(islice(cycle(patterns), k))])
+            sent += k
+    except EngineCrash as exc:
+        return RunOutcome("crash", seed, sent, None, _clip(str(exc), 300)), exc.log_tail
+    except InvalidInput as exc:
+        return RunOutcome("error", seed, sent, None, _clip(f"InvalidInput: {exc.name} refused: {exc.allowed}", 300)), ""
+    except Exception as exc:  # noqa: BLE001 - a case that cannot run is reported, not fatal
+        return RunOutcome("error", seed, sent, None, _clip(f"{type(exc).__name__}: {exc}", 300)), ""
+    return RunOutcome("pass", seed, sent, None, f"{sent} requests without a crash"), ""
+
+
+def _clip(s: str, n: int) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _same_crash(want: str, detail: str, log_tail: str) -> bool:
+    """The stored crash, by the exception that ended the call or any exception in its log tail
+    (an engine process that dies reports a generic error; its own log names the cause)."""
+    if crash_fingerprint(detail) == want:
+        return True
+    return any(crash_fingerprint(m.group(0)) == want for m in _EXC.finditer(" ".join(log_tail.split())))
+
+
 def _probe_crash(entry: Entry, rr: ReleaseRerunner, cfg: BisectConfig, runs: list[RunOutcome]) -> tuple[str, str]:
     want = crash_fingerprint(entry.evidence)
     other: RunOutcome | None = None
     for k in range(max(1, cfg.attempts)):
-        r = rr.run_once(entry, rr.seed + k * SECOND_RUN_SEED_OFFSET)
+        r, tail = _crash_once(entry, rr, rr.seed + k * SECOND_RUN_SEED_OFFSET, cfg.samples)
         runs.append(r)
-        if r.outcome == "crash" and crash_fingerprint(r.detail) == want:
+        if r.outcome == "crash" and _same_crash(want, r.detail, tail):
             return "bad", f"the same crash (run {k + 1}): {r.detail}"
         if r.outcome == "error":
             return "cannot-run", f"cannot run the case: {r.detail}"

@@ -309,11 +309,12 @@ class EnvResult:
     cached: bool = False
     info: dict = field(default_factory=dict)  # installed versions, torch swap, deps mode
     site_dirs: tuple[str, ...] = ()  # a prebuilt release: folders put before the interpreter's site-packages
+    env: Mapping[str, str] = field(default_factory=dict)  # a prebuilt release: environment variables it needs
 
     def to_json(self) -> dict:
         return {"status": self.status, "detail": self.detail, "seconds": round(self.seconds, 1), "cached": self.cached,
                 **{k: v for k, v in self.info.items() if k in ("torch", "torch_swap", "deps", "engine_version",
-                                                                 "transformers", "numpy", "python")}}
+                                                                 "transformers", "numpy", "python", "built_from", "env")}}
 
 
 class ReleaseEnvs:
@@ -482,9 +483,11 @@ class PrebuiltEnvs:
     """Releases unpacked beforehand into ``root/<version>/site`` (bundles carried to a machine
     with no package index, e.g. the H200): no index is asked, nothing is installed.
 
-    Each release folder may hold ``release.json`` (``{"released": "2026-06-30", ...}``, written
-    by the bundle builder) with its upload date and what it was built from. The interpreter
-    is the caller's base Python (whose own site-packages provide torch and the rest).
+    Each release folder may hold ``release.json`` (written by the bundle builder): its upload
+    date (``released``), what it was built from (``built_from``), more folders to search after
+    its own (``also``: dependencies shipped once for several releases) and environment
+    variables it needs (``env``: an older release's knobs). The interpreter is the caller's
+    base Python (whose own site-packages provide torch and the rest).
     """
 
     deps = "bundled"
@@ -510,7 +513,7 @@ class PrebuiltEnvs:
                 ver = Version(d.name)
             except InvalidVersion:
                 continue
-            if (d / "site").is_dir():
+            if (d / "site").is_dir() or (d / "release.json").is_file():  # a release.json alone: known, not shipped
                 out.append((ver, Release(str(ver), self._meta(d).get("released"))))
         if not out:
             raise InvalidInput("--prebuilt", str(self.root), f"a folder holding <version>/site folders of {package}")
@@ -522,9 +525,13 @@ class PrebuiltEnvs:
         info = {"deps": "bundled", "engine_version": release.version, "python": f"{sys.version_info.major}.{sys.version_info.minor}",
                 **{k: meta[k] for k in ("torch", "built_from") if k in meta}}
         if not (d / "site").is_dir():
-            return EnvResult(package, release.version, "not-installable", None, f"no bundle at {d}/site", info=info)
+            return EnvResult(package, release.version, "not-installable", None,
+                             f"no bundle of this release at {d}/site ({meta.get('note', 'not shipped')})", info=info)
         extra = [str(d / "site")] + [str(Path(p)) for p in meta.get("also", [])]
-        return EnvResult(package, release.version, "ready", base_python(), "", 0.0, True, info, tuple(extra))
+        env = {str(k): str(v) for k, v in (meta.get("env") or {}).items()}
+        if env:
+            info["env"] = env
+        return EnvResult(package, release.version, "ready", base_python(), "", 0.0, True, info, tuple(extra), env)
 
     def disk_usage(self) -> int:
         return sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())

@@ -305,7 +305,8 @@ def test_bisect_runs_on_prebuilt_release_folders_with_no_index_reachable(toy_ind
             z.extractall(site)
         # The machine's own packages (numpy here; torch and the rest on the H200) come from "also".
         (prebuilt / version / "release.json").write_text(json.dumps(
-            {"released": f"2026-0{int(float(version))}-01", "also": [str(Path(numpy.__file__).parents[1])]}))
+            {"released": f"2026-0{int(float(version))}-01", "also": [str(Path(numpy.__file__).parents[1])],
+             "env": {"SPECFUZZ_TOY_RELEASE": version}}))
     entry = _toy_entry(tmp_path / "finding-toy.json")
     proc = _run("bisect", str(entry), "--engine-package", TOY, "--prebuilt", str(prebuilt), "--samples", "300",
                 "--index-url", "http://127.0.0.1:9/simple", "--work-dir", str(tmp_path / "work"))
@@ -313,3 +314,4 @@ def test_bisect_runs_on_prebuilt_release_folders_with_no_index_reachable(toy_ind
     rec = json.loads(entry.read_text())["extra"]["bisect"]
     assert rec["summary"] == f"{TOY}: introduced in 1.2 (1.1 passes); fixed in 2.0 (1.6 still fails)."
     assert rec["first_bad"]["released"] == "2026-01-01" and rec["settings"]["deps"] == "bundled"
+    assert all(p["env"]["env"] == {"SPECFUZZ_TOY_RELEASE": p["version"]} for p in rec["probes"])
