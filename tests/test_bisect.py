@@ -69,6 +69,11 @@ class ToyEngine(ReferenceEngine):
     def version(self):
         return {{**super().version(), "name": "toy", "version": __version__}}
 
+    def generate(self, requests):
+        if BUG and any(r.params.top_k == 2 for r in requests):  # the buggy releases also crash on top_k=2
+            raise RuntimeError(f"index {{885600000 + len(requests)}} is out of bounds for dimension 1 with size 3")
+        return super().generate(requests)
+
     def start(self, config):
         spec = config.speculation
         if spec is not None and spec.method in REFUSES:
@@ -215,6 +220,27 @@ def test_bisect_finds_the_exact_release_that_introduced_and_the_one_that_fixed_a
     again = _run("bisect", str(entry), "--engine-package", TOY, "--find-links", str(wheels), "--env-dir", str(envs),
                  "--samples", "300", "--work-dir", str(tmp_path / "work"), "--deps", "latest")
     assert again.returncode == 0 and "testing ..." not in again.stderr and "(stored)" in again.stderr
+
+
+@pytest.mark.slow
+def test_bisect_of_a_crash_entry_needs_the_same_crash_and_names_the_release_that_cannot_run(toy_index, tmp_path):
+    wheels, envs = toy_index
+    entry = _toy_entry(tmp_path / "crash-toy.json", version="1.6")
+    data = json.loads(entry.read_text())
+    data.update(kind="crash", counts=[], verdict=None, attribution=None,
+                evidence="engine exception: generate raised RuntimeError: index 195092853 is out of bounds for dimension 1 with size 3")
+    data["case"]["params"]["top_k"] = 2
+    entry.write_text(json.dumps(data))
+    proc = _run("bisect", str(entry), "--engine-package", TOY, "--find-links", str(wheels), "--env-dir", str(envs),
+                "--samples", "200", "--attempts", "1", "--work-dir", str(tmp_path / "work"), "--deps", "latest",
+                "--versions", "1.0..2.0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads(entry.read_text())["extra"]["bisect"]
+    assert (rec["last_good"]["version"], rec["first_bad"]["version"]) == ("1.1", "1.2")
+    assert (rec["last_bad"]["version"], rec["first_fixed"]["version"]) == ("1.6", "2.0")
+    probes = {p["version"]: p for p in rec["probes"]}
+    assert probes["1.2"]["evidence"].startswith("the same crash") and "no crash in 1 runs" in probes["1.1"]["evidence"]
+    assert probes["1.3"]["outcome"] == "cannot-run"
 
 
 # ----------------------------------------------------------------------------- bad input
