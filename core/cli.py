@@ -104,6 +104,9 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     else:
         meth = tuple(methods)
     procs = []
+    if workers > 1:
+        # N campaign processes on one device: split its memory between their engines.
+        engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings).items())
     if workers > 1 and worker_index == 0:
         import subprocess
 
@@ -137,7 +140,42 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     finally:
         for p in procs:
             p.wait()
-    print_summary(console, cfg, stats, campaign.corpus, campaign.totals)
+    totals = campaign.totals
+    if procs:
+        from specfuzz.fuzz.campaign import merge_worker_totals
+
+        totals = merge_worker_totals(corpus_dir, workers, totals)
+    print_summary(console, cfg, stats, campaign.corpus, totals)
+
+
+# Each campaign process runs up to this many engines at once (searching, speculation-off
+# calibration, a fresh confirmation engine).
+ENGINES_PER_WORKER = 3
+# The share of a GPU that specfuzz's engines may use in all.
+DEVICE_SHARE = 0.8
+# The engine setting that sizes an engine's share of the GPU, per built-in engine.
+MEMORY_SETTING = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
+
+
+def _device_share(engine: str, workers: int, given: tuple[str, ...]) -> dict:
+    """Settings that split one GPU between ``workers`` campaign processes (none when the
+    engine has no such setting, there is no GPU, or the user or site sized it already)."""
+    import os
+
+    key = MEMORY_SETTING.get(engine)
+    if key is None:
+        return {}
+    site = os.environ.get(f"SPECFUZZ_{engine.upper()}_SETTINGS", "")
+    if any(kv.split("=", 1)[0] in (key, "kv_cache_memory_bytes") for kv in given) or key in site or "kv_cache_memory_bytes" in site:
+        return {}
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+    except ImportError:
+        return {}
+    return {key: round(DEVICE_SHARE / (ENGINES_PER_WORKER * workers), 4)}
 
 
 @main.command("law")
