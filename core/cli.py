@@ -84,9 +84,11 @@ def parse_settings(items: tuple[str, ...]) -> dict:
 @click.option("--batch", default=600, show_default=True, help="Requests per engine call (all patterns of a family mixed).")
 @click.option("--patterns", default=3, show_default=True, type=click.IntRange(1, 64),
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
+@click.option("--no-swap", is_flag=True,
+              help="Start the engine afresh for every table model instead of loading new tables into the running engine.")
 @click.option("--worker-index", default=0, hidden=True)
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
@@ -120,14 +122,14 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                 cmd += ["--method", m]
             for kv in engine_settings:
                 cmd += ["--engine-setting", kv]
-            cmd += ["--batch", str(batch), "--patterns", str(patterns)]
+            cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         alpha = alpha / workers
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=_engine_kwargs(engine, inject), budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
-        max_patterns=patterns,
+        max_patterns=patterns, swap=not no_swap,
     )
     display = None if quiet else LiveDisplay(cfg, console)
     campaign = Campaign(cfg, on_event=None if display is None else display.update)
