@@ -669,6 +669,11 @@ class Campaign:
             else:
                 entry = finding_entry(version, run, calib)
         entry.extra["confirmation"] = None if conf.judgement is None else conf.judgement.verdict.to_dict()
+        # Where the search met it: a swapped engine (and engine state a swap kept, which
+        # changes what gets drafted); the confirmation ran on a freshly started engine.
+        last = self.engine.last_swap
+        entry.extra["found_on"] = {"engine_swaps": self.engine.swaps, "confirmed_on": "fresh engine start",
+                                   "kept_across_swap": list(getattr(last, "kept", ()) or ()) if last is not None else []}
         entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)
