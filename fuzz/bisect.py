@@ -285,10 +285,32 @@ def probe_release(entry: Entry, package: str, release: Release, env: EnvResult, 
             outcome, detail = _probe_crash(entry, rr, cfg, runs)
         else:
             outcome, detail = _probe_finding(entry, rr, runs)
+        if outcome == "cannot-run" and "crash" in detail:
+            cause = _root_cause(rr)
+            if cause and cause not in detail:
+                detail += f" (root cause in the engine log: {cause})"
     finally:
         rr.close()
     return Probe(release.version, release.released, outcome, detail, at, time.monotonic() - t0,
                  tuple(r.to_json() for r in runs), env_json)
+
+
+# Exceptions that only say another process failed: the root cause is an earlier line.
+_GENERIC = ("EngineDeadError", "Engine core initialization failed", "EngineCore encountered")
+
+
+def _root_cause(rr: ReleaseRerunner) -> str:
+    """The last specific exception in the crashed engine's log (vLLM's engine core dies in a
+    child process; the caller only hears "initialization failed")."""
+    for eng in rr._engines.values():
+        try:
+            lines = eng.log_tail().splitlines() if eng.log_path else []
+        except OSError:
+            continue
+        found = [m.group(0) for line in lines for m in [_EXC.search(line)] if m and not any(g in m.group(0) for g in _GENERIC)]
+        if found:
+            return _clip(found[-1], 240)
+    return ""
 
 
 def _probe_finding(entry: Entry, rr: ReleaseRerunner, runs: list[RunOutcome]) -> tuple[str, str]:
@@ -352,7 +374,7 @@ def _same_crash(want: str, detail: str, log_tail: str) -> bool:
     (an engine process that dies reports a generic error; its own log names the cause)."""
     if crash_fingerprint(detail) == want:
         return True
-    return any(crash_fingerprint(m.group(0)) == want for m in _EXC.finditer(" ".join(log_tail.split())))
+    return any(m is not None and crash_fingerprint(m.group(0)) == want for m in map(_EXC.search, log_tail.splitlines()))
 
 
 def _probe_crash(entry: Entry, rr: ReleaseRerunner, cfg: BisectConfig, runs: list[RunOutcome]) -> tuple[str, str]:

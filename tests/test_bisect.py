@@ -180,6 +180,17 @@ def test_crash_fingerprint_ignores_numbers_and_the_wrapper_words():
     assert crash_fingerprint(stored) != crash_fingerprint(other)
 
 
+def test_the_same_crash_is_found_in_the_engine_log_when_only_a_generic_error_reaches_the_caller():
+    from specfuzz.fuzz.bisect import _same_crash
+
+    want = crash_fingerprint("engine exception: generate raised RuntimeError: index 885600070 is out of bounds for dimension 1 with size 5")
+    dead = "engine exception: generate raised EngineDeadError: EngineCore encountered an issue. See stack trace (above)"
+    log = ("(Worker pid=2933) ERROR 12-01 18:44:31 [multiproc_executor.py:1063] RuntimeError: index 1216423509 is out of "
+           "bounds for dimension 1 with size 5\n(EngineCore pid=2653) ERROR 12-01 [core.py:1512] EngineCore encountered a fatal error.\n")
+    assert _same_crash(want, dead, log)
+    assert not _same_crash(want, dead, log.replace("index 1216423509 is out of bounds", "shape mismatch"))
+
+
 def test_release_ranges_are_inclusive_and_skip_prereleases_unless_named():
     rel = [Release(v, None) for v in ("0.9", "1.0", "1.1rc1", "1.1", "2.0")]
     assert [r.version for r in parse_range("1.0..1.1", rel)] == ["1.0", "1.1"]
