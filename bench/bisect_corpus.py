@@ -37,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", default=None, help="entry file names (default: every vllm/HF entry)")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--fresh", action="store_true", help="pass --fresh: test every release again")
     args = ap.parse_args()
     results = json.loads(OUT.read_text()) if OUT.exists() else {"schema_version": 1, "entries": {}}
     entries = sorted((ROOT / "corpus").glob("*.json"))
@@ -45,7 +46,7 @@ def main() -> None:
         name = data["engine"].get("name")
         if name not in RANGES or (args.only and path.name not in args.only):
             continue
-        cmd = [str(ROOT / ".venv/bin/specfuzz"), "bisect", str(path), "--json", *RANGES[name]]
+        cmd = [str(ROOT / ".venv/bin/specfuzz"), "bisect", str(path), "--json", *RANGES[name]] + (["--fresh"] if args.fresh else [])
         print(f"{now_iso()} {path.name}: {' '.join(cmd[2:])}", flush=True)
         t0 = time.monotonic()
         LOGS.mkdir(parents=True, exist_ok=True)
