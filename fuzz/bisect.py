@@ -475,7 +475,8 @@ def stored_probes(entry_path: Path, settings: Mapping) -> dict[str, Probe]:
             pr = Probe.from_json(p)
         except (KeyError, TypeError, ValueError):
             continue
-        if pr.outcome in OUTCOMES:
+        # "not-installable" is asked again (cheap; a bundle may have arrived, a failed install is cached).
+        if pr.outcome in OUTCOMES and pr.outcome != "not-installable":
             out[pr.version] = pr
     return out
 
