@@ -213,8 +213,9 @@ def toy_index(tmp_path_factory):
 def test_bisect_finds_the_exact_release_that_introduced_and_the_one_that_fixed_a_synthetic_engine_bug(toy_index, tmp_path):
     wheels, envs = toy_index
     entry = _toy_entry(tmp_path / "finding-toy.json")
+    # --jobs 2: environments of the releases the search may test next are made ahead, in a thread.
     proc = _run("bisect", str(entry), "--engine-package", TOY, "--find-links", str(wheels), "--env-dir", str(envs),
-                "--samples", "300", "--work-dir", str(tmp_path / "work"), "--deps", "latest")
+                "--samples", "300", "--work-dir", str(tmp_path / "work"), "--deps", "latest", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = json.loads(entry.read_text())["extra"]["bisect"]
     assert rec["complete"] and rec["package"] == TOY and rec["releases_in_range"] == len(TOY_RELEASES)
