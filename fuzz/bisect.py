@@ -568,7 +568,7 @@ def _point(b: Bisection, probes: Mapping[str, Probe], i: int | None) -> dict | N
     if p is None:
         return None
     return {"version": p.version, "released": p.released, "outcome": p.outcome, "evidence": p.detail,
-            "tested_at": p.tested_at}
+            "tested_at": p.tested_at, "torch": p.env.get("torch"), "torch_swap": p.env.get("torch_swap")}
 
 
 def build_record(b: Bisection, probes: Mapping[str, Probe], res: SearchResult | None, *, settings: Mapping,
@@ -654,9 +654,10 @@ def draft_lines(record: Mapping | None) -> list[str]:
     rows = [(k, record.get(k)) for k in ("last_good", "first_bad", "last_bad", "first_fixed")]
     rows = [(k, p) for k, p in rows if isinstance(p, Mapping)]
     if rows:
-        L += ["| | release | released | result | tested |", "|---|---|---|---|---|"]
+        L += ["| | release | released | torch | result | tested |", "|---|---|---|---|---|---|"]
         for k, p in rows:
-            L += [f"| {k.replace('_', ' ')} | {p.get('version')} | {p.get('released') or '-'} | "
+            torch = str(p.get("torch") or "-") + (" (swapped: no CPU build reachable)" if p.get("torch_swap") else "")
+            L += [f"| {k.replace('_', ' ')} | {p.get('version')} | {p.get('released') or '-'} | {torch} | "
                   f"{str(p.get('evidence', ''))[:160]} | {str(p.get('tested_at', ''))[:10]} |"]
         L += [""]
     t = record.get("tested") or {}
