@@ -255,6 +255,36 @@ def test_bisect_of_a_crash_entry_needs_the_same_crash_and_names_the_release_that
     assert probes["1.3"]["outcome"] == "cannot-run"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_killed_bisection_keeps_the_releases_tested_and_resumes_from_them(toy_index, tmp_path, sig):
+    import signal
+    import time
+
+    wheels, envs = toy_index
+    entry = _toy_entry(tmp_path / "finding-toy.json")
+    args = [*SPECFUZZ, "bisect", str(entry), "--engine-package", TOY, "--find-links", str(wheels), "--env-dir", str(envs),
+            "--samples", "300", "--work-dir", str(tmp_path / "work"), "--deps", "latest"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    probes: list = []
+    while time.monotonic() < deadline and proc.poll() is None and not probes:
+        time.sleep(0.1)
+        probes = json.loads(entry.read_text()).get("extra", {}).get("bisect", {}).get("probes", [])
+    assert probes and proc.poll() is None, "the bisection finished or stalled before the first release was stored"
+    proc.send_signal(getattr(signal, sig))
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == (130 if sig == "SIGTERM" else -signal.SIGKILL), err
+    rec = json.loads(entry.read_text())["extra"]["bisect"]  # a valid entry, whatever the moment of the kill
+    assert not rec["complete"] and len(rec["probes"]) >= 1
+    kept = {p["version"]: p["outcome"] for p in rec["probes"]}
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert all(f"{v}: {o} (stored)" in again.stderr for v, o in kept.items()), again.stderr  # not tested again
+    done = json.loads(entry.read_text())["extra"]["bisect"]
+    assert done["complete"] and done["first_bad"]["version"] == "1.2" and done["first_fixed"]["version"] == "2.0"
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
