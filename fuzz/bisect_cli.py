@@ -101,6 +101,10 @@ def bisect_cmd(entry_path, engine_package, versions, jobs, samples, alpha, seed,
         log(f"interrupted: the releases tested so far are stored in {entry_path} (extra.bisect); "
             "the same command resumes")
         sys.exit(130)
+    except SpecfuzzError as exc:  # e.g. the index became unreachable mid-way: what was tested is stored
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc} (the releases tested so far are stored; "
+                                                   "the same command resumes)", highlight=False)
+        sys.exit(2)
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
