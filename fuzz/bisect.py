@@ -132,6 +132,14 @@ def search(n: int, anchor: int, outcome: Callable[[int], str], *, prefetch: Call
     def boundary(good_side: int, bad_side: int) -> tuple[int, int]:
         """Narrow (good_side, bad_side) (either order) to adjacent testable releases."""
         g, b = good_side, bad_side
+        # Start from what earlier probes inside the interval already showed.
+        lo, hi = min(g, b), max(g, b)
+        if g < b:
+            g = max([i for i in range(lo, hi + 1) if seen.get(i) == "good"], default=g)
+            b = min([i for i in range(g, hi + 1) if seen.get(i) == "bad"], default=b)
+        else:
+            b = max([i for i in range(lo, hi + 1) if seen.get(i) == "bad"], default=b)
+            g = min([i for i in range(b, hi + 1) if seen.get(i) == "good"], default=g)
         while True:
             lo, hi = min(g, b), max(g, b)
             cands = [i for i in _nearest(lo, hi, set()) if seen.get(i) not in ("cannot-run", "not-installable")]
