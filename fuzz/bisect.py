@@ -223,7 +223,19 @@ def crash_fingerprint(text: str) -> str:
     for m in _EXC.finditer(text):
         pass
     core = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}" if m else re.sub(r"^engine \w+: ", "", text)
-    return re.sub(r"\d+", "#", core)[:80]
+    return _numbers_out(core)[:80]
+
+
+def _numbers_out(text: str) -> str:
+    return re.sub(r"-?\d+", "#", " ".join(str(text).split()))
+
+
+def _message(text: str) -> str:
+    """The message of the last exception in ``text`` (numbers stripped), without its type."""
+    m = None
+    for m in _EXC.finditer(" ".join(str(text).split())):
+        pass
+    return _numbers_out(m.group(2) if m else re.sub(r"^engine \w+: ", "", str(text)))
 
 
 # ----------------------------------------------------------------------------- probing
@@ -377,21 +389,23 @@ def _clip(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _same_crash(want: str, detail: str, log_tail: str) -> bool:
-    """The stored crash, by the exception that ended the call or any exception in its log tail
-    (an engine process that dies reports a generic error; its own log names the cause)."""
-    if crash_fingerprint(detail) == want:
+def _same_crash(stored: str, detail: str, log_tail: str) -> bool:
+    """The stored crash (its evidence text): the exception that ended the call has its type and
+    message, numbers aside; or, when the engine process died and the caller only heard a generic
+    error, the stored message appears in a line of the engine's log tail (vLLM wraps a worker's
+    error as "Worker failed with error '<message>'")."""
+    if crash_fingerprint(detail) == crash_fingerprint(stored):
         return True
-    return any(m is not None and crash_fingerprint(m.group(0)) == want for m in map(_EXC.search, log_tail.splitlines()))
+    msg = _message(stored)[:60]
+    return len(msg) >= 12 and any(msg in _numbers_out(line) for line in log_tail.splitlines())
 
 
 def _probe_crash(entry: Entry, rr: ReleaseRerunner, cfg: BisectConfig, runs: list[RunOutcome]) -> tuple[str, str]:
-    want = crash_fingerprint(entry.evidence)
     other: RunOutcome | None = None
     for k in range(max(1, cfg.attempts)):
         r, tail = _crash_once(entry, rr, rr.seed + k * SECOND_RUN_SEED_OFFSET, cfg.samples)
         runs.append(r)
-        if r.outcome == "crash" and _same_crash(want, r.detail, tail):
+        if r.outcome == "crash" and _same_crash(entry.evidence, r.detail, tail):
             return "bad", f"the same crash (run {k + 1}): {r.detail}"
         if r.outcome == "error":
             return "cannot-run", f"cannot run the case: {r.detail}"

@@ -183,12 +183,17 @@ def test_crash_fingerprint_ignores_numbers_and_the_wrapper_words():
 def test_the_same_crash_is_found_in_the_engine_log_when_only_a_generic_error_reaches_the_caller():
     from specfuzz.fuzz.bisect import _same_crash
 
-    want = crash_fingerprint("engine exception: generate raised RuntimeError: index 885600070 is out of bounds for dimension 1 with size 5")
+    want = "engine exception: generate raised RuntimeError: index 885600070 is out of bounds for dimension 1 with size 5"
     dead = "engine exception: generate raised EngineDeadError: EngineCore encountered an issue. See stack trace (above)"
     log = ("(Worker pid=2933) ERROR 12-01 18:44:31 [multiproc_executor.py:1063] RuntimeError: index 1216423509 is out of "
            "bounds for dimension 1 with size 5\n(EngineCore pid=2653) ERROR 12-01 [core.py:1512] EngineCore encountered a fatal error.\n")
     assert _same_crash(want, dead, log)
     assert not _same_crash(want, dead, log.replace("index 1216423509 is out of bounds", "shape mismatch"))
+    # A negative index (uninitialised memory) and vLLM's wrapper around a worker's error are the same crash.
+    wrapped = ("(EngineCore pid=8193) ERROR [core.py:1136] RuntimeError: Worker failed with error 'index -308545933 is out "
+               "of bounds for dimension 1 with size 5', please check the stack trace above for the root cause\n")
+    assert _same_crash(want, dead, wrapped)
+    assert not _same_crash(want, dead, wrapped.replace("dimension", "axis"))
 
 
 def test_release_ranges_are_inclusive_and_skip_prereleases_unless_named():
