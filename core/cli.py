@@ -659,7 +659,7 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
         run = res.last_run
         if entry.kind == "crash":
             crash = run if isinstance(run, EngineCrash) else run.crash
-            new = crash_entry(eng, c, crash, spec, dtype=dtype, settings=settings)
+            new = crash_entry(eng, c, crash, spec, dtype=dtype, settings=settings, launch=getattr(run, "launch", None))
         else:
             new = finding_entry(dict(eng.version()), run, None)
             new.kind = entry.kind if entry.kind == "calibration" else new.kind
