@@ -145,7 +145,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         campaign.engine.close()
         raise
     for note in campaign.state_notes:
-        console.print(f"[yellow]{note}[/yellow]", highlight=False)
+        console.print(f"[yellow]{note}[/yellow]", highlight=False, soft_wrap=True)
     procs = []
     if workers > 1 and worker_index == 0:
         import subprocess

@@ -68,15 +68,18 @@ class Number(click.ParamType):
         self.lo, self.hi, self.integer, self.lo_open, self.hi_open = lo, hi, integer, lo_open, hi_open
         self.name = "integer" if integer else "number"
 
+    def _fmt(self, x: float) -> str:
+        return str(int(x)) if self.integer else f"{x:g}"
+
     def allowed(self) -> str:
         kind = "an integer" if self.integer else "a number"
         if self.lo is not None and self.hi is not None:
             left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
-            return f"{kind} in {left}{self.lo:g}, {self.hi:g}{right}"
+            return f"{kind} in {left}{self._fmt(self.lo)}, {self._fmt(self.hi)}{right}"
         if self.lo is not None:
-            return f"{kind} {'>' if self.lo_open else '>='} {self.lo:g}"
+            return f"{kind} {'>' if self.lo_open else '>='} {self._fmt(self.lo)}"
         if self.hi is not None:
-            return f"{kind} {'<' if self.hi_open else '<='} {self.hi:g}"
+            return f"{kind} {'<' if self.hi_open else '<='} {self._fmt(self.hi)}"
         return kind if self.integer else "a finite number"
 
     def convert(self, value: Any, param, ctx) -> int | float:
@@ -102,7 +105,8 @@ class Number(click.ParamType):
         return v
 
 
-COUNT = Number(1, integer=True)  # samples, batches, workers, examples: >= 1
+MAX_COUNT = 10**9  # more samples, rows or examples than any run can use: a typo, not a plan
+COUNT = Number(1, MAX_COUNT, integer=True)  # samples, batches, examples
 SEED = Number(0, 2**63 - 1, integer=True)  # numpy's seeds are non-negative
 ALPHA = Number(0.0, 1.0, lo_open=True, hi_open=True)  # a probability level
 TOLERANCE = Number(0.0, 1.0, hi_open=True)  # a per-token probability tolerance
