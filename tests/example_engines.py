@@ -124,3 +124,26 @@ class SlowEngine(ReferenceEngine):
     def generate(self, requests):
         time.sleep(60)
         return super().generate(requests)
+
+
+class LaunchingEngine(ReferenceEngine):
+    """The reference engine with an adapter-style ``launch_args`` (what start would apply), so that
+    launch records can be tested without a heavy engine; ``start`` fails above K=2 like an engine
+    that dies at start."""
+
+    name = "launching"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def launch_args(self, config: EngineConfig):
+        env = {"LAUNCHING_MODE": "exact", "VLLM_FAKE_RUNNER": "1"}
+        kwargs = {"model": str(config.target_dir), "dtype": config.dtype, "max_model_len": config.max_model_len,
+                  "speculative_config": None if config.speculation is None else
+                  {"method": config.speculation.method, "model": None if config.draft_dir is None else str(config.draft_dir)}}
+        return env, kwargs
+
+    def start(self, config: EngineConfig) -> None:
+        if config.speculation is not None and config.speculation.num_speculative_tokens > 2:
+            raise RuntimeError("LaunchingEngine: no start above K=2")
+        super().start(config)

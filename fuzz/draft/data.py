@@ -169,7 +169,10 @@ def prepare(entry: Entry, stem: str) -> DraftData:
         counts=dict(entry.counts), n=int(sum(entry.counts.values())), mu=mu, label=label, mud=mud, effect=effect,
         condition=suspect_condition(entry, effect), scrub=scrub, inject=_inject_of(entry),
     )
-    data.launch = scrub.value(launch_for(entry, case, engine_kind(entry), data.dtype, entry_settings(entry)))
+    try:
+        data.launch = scrub.value(launch_for(entry, case, engine_kind(entry), data.dtype, entry_settings(entry)))
+    except SpecfuzzError as exc:
+        raise DraftError(f"{stem}: how the engine was started cannot be reconstructed: {exc}") from None
     if mu is not None and len(mu) <= MAX_EMBEDDED_OUTPUTS:
         data.expected, data.suspected, data.depth = dict(mu), (dict(mud) if mud else None), None
     else:

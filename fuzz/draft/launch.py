@@ -132,7 +132,8 @@ def reconstruct_sglang(engine: Mapping, case, dtype: str, settings: Mapping) -> 
 
 def launch_for(entry, case, kind: str, dtype: str, settings: Mapping) -> dict | None:
     """The launch a draft replays: the entry's record, or a reconstruction; None for engines
-    without launch records (the reference sampler, HF transformers, third-party engines)."""
+    without launch records (the reference sampler, HF transformers, third-party engines).
+    Raises InvalidInput when the adapter could not have run the case (no reconstruction)."""
     rec = entry.extra.get("launch")
     if kind not in ("vllm", "sglang"):
         return dict(rec) if is_record(rec) else None
