@@ -218,16 +218,14 @@ def test_reconstruction_equals_the_vllm_adapters_own_launch_args(tmp_path):
     from specfuzz.engines.isolation import IsolatedEngine
     from specfuzz.fuzz.run import engine_config, launch_record
 
-    for stem in ("finding-30aac88575b2123f", "finding-e44ea18670126f71", "finding-65c93892bfe7c0a3"):
-        e = entry(next(p for p in STORED if p.stem == stem))
-        case = Case.from_json(e.case)
-        with IsolatedEngine("vllm", {"multiprocessing": False}, log_dir=tmp_path / "logs") as eng:
-            cfg = engine_config(case, tmp_path / "ck", dtype="float32")
-            real = launch_record(eng, cfg)
-            version = eng.version()
-        rebuilt = reconstruct_vllm(version, case, "float32", {})
-        assert rebuilt["env"] == real["env"], stem
-        assert rebuilt["kwargs"] == real["kwargs"], stem
+    with IsolatedEngine("vllm", {"multiprocessing": False}, log_dir=tmp_path / "logs") as eng:  # one child: vLLM imports once
+        for stem in ("finding-30aac88575b2123f", "finding-e44ea18670126f71", "finding-65c93892bfe7c0a3"):
+            e = entry(next(p for p in STORED if p.stem == stem))
+            case = Case.from_json(e.case)
+            real = launch_record(eng, engine_config(case, tmp_path / "ck", dtype="float32"))
+            rebuilt = reconstruct_vllm(eng.version(), case, "float32", {})
+            assert rebuilt["env"] == real["env"], stem
+            assert rebuilt["kwargs"] == real["kwargs"], stem
 
 
 # ----------------------------------------------------------------------------- --verify
