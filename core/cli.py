@@ -100,12 +100,14 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @click.option("--batch", default=600, show_default=True, type=COUNT, help="Requests per engine call (all patterns of a family mixed).")
 @click.option("--patterns", default=3, show_default=True, type=Number(1, 64, integer=True),
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
+@click.option("--no-swap", is_flag=True,
+              help="Start the engine afresh for every table model instead of loading new tables into the running engine.")
 @click.option("--reset-state", is_flag=True,
               help="Start a fresh campaign state (α spending, totals, Hypothesis database kept): the old state file, "
                    "damaged or not, is kept beside it under a new name. Needed to go on after the state file was damaged.")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, reset_state, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, reset_state, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
@@ -122,12 +124,16 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     else:
         meth = tuple(dict.fromkeys(methods))
     engine_kwargs = _engine_kwargs(engine, inject)
-    settings = parse_settings(engine_settings)
+    parse_settings(engine_settings)  # a bad KEY=VALUE is refused here
+    if workers > 1:
+        # N campaign processes on one device: split its memory between their engines.
+        engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings).items())
+    share = alpha / workers if workers > 1 and worker_index == 0 else alpha
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
-        seed=seed, methods=meth, alpha=alpha / workers, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
-        dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=settings, batch=batch,
-        max_patterns=patterns, reset_state=reset_state,
+        seed=seed, methods=meth, alpha=share, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
+        dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
+        max_patterns=patterns, swap=not no_swap, reset_state=reset_state,
     )
     refusals: list[str] = []
     display = None if quiet else LiveDisplay(cfg, console)
@@ -152,8 +158,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
 
         for w in range(1, workers):
             cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--budget", str(budget_s), "--engine", engine,
-                   "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha),
-                   "--workers", str(workers),
+                   "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha / workers),
                    "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens),
                    "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w)]
             cmd += ["--inject", inject] if inject else []
@@ -162,7 +167,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                 cmd += ["--method", m]
             for kv in engine_settings:
                 cmd += ["--engine-setting", kv]
-            cmd += ["--batch", str(batch), "--patterns", str(patterns)]
+            cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     try:
         if display is not None:
@@ -173,11 +178,46 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     finally:
         for p in procs:
             p.wait()
-    print_summary(console, cfg, stats, campaign.corpus, campaign.totals)
+    totals = campaign.totals
+    if procs:
+        from specfuzz.fuzz.campaign import merge_worker_totals
+
+        totals = merge_worker_totals(corpus_dir, workers, totals)
+    print_summary(console, cfg, stats, campaign.corpus, totals)
     if refusals and stats.cases == 0:
         # Every case was refused: a setting the engine does not take, not an empty search space.
         raise click.UsageError(f"the engine refused every case ({refusals[-1].split(':', 1)[1].strip()}); "
                                "check --engine-setting and --dtype")
+
+
+# Each campaign process runs up to this many engines at once (searching, speculation-off
+# calibration, a fresh confirmation engine).
+ENGINES_PER_WORKER = 3
+# The share of a GPU that specfuzz's engines may use in all.
+DEVICE_SHARE = 0.8
+# The engine setting that sizes an engine's share of the GPU, per built-in engine.
+MEMORY_SETTING = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
+
+
+def _device_share(engine: str, workers: int, given: tuple[str, ...]) -> dict:
+    """Settings that split one GPU between ``workers`` campaign processes (none when the
+    engine has no such setting, there is no GPU, or the user or site sized it already)."""
+    import os
+
+    key = MEMORY_SETTING.get(engine)
+    if key is None:
+        return {}
+    site = os.environ.get(f"SPECFUZZ_{engine.upper()}_SETTINGS", "")
+    if any(kv.split("=", 1)[0] in (key, "kv_cache_memory_bytes") for kv in given) or key in site or "kv_cache_memory_bytes" in site:
+        return {}
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+    except ImportError:
+        return {}
+    return {key: round(DEVICE_SHARE / (ENGINES_PER_WORKER * workers), 4)}
 
 
 @main.command("law")

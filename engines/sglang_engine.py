@@ -158,7 +158,6 @@ from specfuzz.engines.base import (
     Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details, read_config,
 )
 from specfuzz.engines.vllm_engine import LogitsReport
-from specfuzz.engines.vllm_engine import LogitsReport
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import ENGINE_METHODS, SpecConfig

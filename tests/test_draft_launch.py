@@ -26,7 +26,7 @@ from specfuzz.case import Case
 from specfuzz.cli import main
 from specfuzz.fuzz.corpus import Entry
 from specfuzz.fuzz.draft import draft_entry, prepare, render_repro
-from specfuzz.fuzz.draft.launch import reconstruct_vllm
+from specfuzz.fuzz.draft.launch import reconstruct_vllm, replayable
 from specfuzz.fuzz.draft.repro import ENGINE_TEMPLATES
 from specfuzz.fuzz.draft.verify import run_repro, verify_draft
 from specfuzz.oracle.params import SamplingParams
@@ -222,7 +222,7 @@ def test_reconstruction_equals_the_vllm_adapters_own_launch_args(tmp_path):
         for stem in ("finding-30aac88575b2123f", "finding-e44ea18670126f71", "finding-65c93892bfe7c0a3"):
             e = entry(next(p for p in STORED if p.stem == stem))
             case = Case.from_json(e.case)
-            real = launch_record(eng, engine_config(case, tmp_path / "ck", dtype="float32"))
+            real = replayable(launch_record(eng, engine_config(case, tmp_path / "ck", dtype="float32")))
             rebuilt = reconstruct_vllm(eng.version(), case, "float32", {})
             assert rebuilt["env"] == real["env"], stem
             assert rebuilt["kwargs"] == real["kwargs"], stem

@@ -130,6 +130,26 @@ def reconstruct_sglang(engine: Mapping, case, dtype: str, settings: Mapping) -> 
     return {"source": "reconstructed", "note": note, "env": env, "inherited_env": {}, "kwargs": kwargs}
 
 
+# Keyword arguments that load specfuzz's own code into the engine and change nothing on the
+# sampling path (vLLM's worker_extension_cls: the table-swap extension): a maintainer's
+# install has no specfuzz, so a draft leaves them out and says so.
+SPECFUZZ_ONLY_KWARGS = ("worker_extension_cls",)
+
+
+def replayable(rec: Mapping) -> dict:
+    """A launch record as a repro.py can replay it on a stock install (see SPECFUZZ_ONLY_KWARGS)."""
+    out = dict(rec)
+    kw = dict(rec.get("kwargs") or {})
+    dropped = [k for k in SPECFUZZ_ONLY_KWARGS if str(kw.get(k, "")).startswith("specfuzz.")]
+    for k in dropped:
+        kw.pop(k)
+    out["kwargs"] = kw
+    if dropped:
+        out["left_out"] = {k: "specfuzz's table-swap worker extension: not on the sampling path, and not installed "
+                              "with the engine" for k in dropped}
+    return out
+
+
 def launch_for(entry, case, kind: str, dtype: str, settings: Mapping) -> dict | None:
     """The launch a draft replays: the entry's record, or a reconstruction; None for engines
     without launch records (the reference sampler, HF transformers, third-party engines).
@@ -144,7 +164,7 @@ def launch_for(entry, case, kind: str, dtype: str, settings: Mapping) -> dict | 
             # A calibration entry stored with the speculative run's record: draft it speculation off.
             return reconstruct_vllm(entry.engine, case, dtype, settings) if kind == "vllm" else \
                 reconstruct_sglang(entry.engine, case, dtype, settings)
-        return out
+        return replayable(out)
     if kind == "vllm":
         return reconstruct_vllm(entry.engine, case, dtype, settings)
     return reconstruct_sglang(entry.engine, case, dtype, settings)

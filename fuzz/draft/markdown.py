@@ -317,6 +317,8 @@ def launch_section(data: DraftData) -> list[str]:
     kw = dict(rec.get("kwargs") or {})
     L += [f"Arguments of `{call}(...)` (`{{target}}`, `{{draft}}`: the checkpoint folders `repro.py` writes):", "",
           "```json", json.dumps(kw, indent=1, sort_keys=True), "```", ""]
+    for k, why in dict(rec.get("left_out") or {}).items():
+        L += [f"Left out of `repro.py`: `{k}` ({why}).", ""]
     return L
 
 
