@@ -166,8 +166,9 @@ def test_sampled_drafts_from_a_reduced_eagle3_vocabulary_are_refused_with_sglang
 
 def test_heads_switched_off_are_refused_naming_the_switch(monkeypatch, tmp_path):
     import specfuzz.engines.sglang_engine as sg
+    import specfuzz.engines.sglang_mapping as sm
 
-    monkeypatch.setattr(sg, "HEADS_ENABLED", False)
+    monkeypatch.setattr(sm, "HEADS_ENABLED", False)
     with pytest.raises(InvalidInput, match="HEADS_ENABLED"):
         speculative_kwargs(SpecConfig("eagle3", 2), draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
     assert "eagle" not in sg.SGLangEngine().capabilities().methods
