@@ -390,6 +390,7 @@ class SGLangEngine(Engine):
                 _kill_pids(_child_pids() - before)
                 raise
         self._pids = _child_pids() - before
+        self._server_args = server_args
         self.start_seconds = time.perf_counter() - t0
         _RUNNING.add(self)
         self._config = config
@@ -543,6 +544,13 @@ class SGLangEngine(Engine):
                 if lp and i < len(context):
                     rows.append((int(context[i]), lp))
         return rows
+
+    def resolved_speculation(self) -> dict[str, Any]:
+        """The speculation settings SGLang resolved for the running engine (``ServerArgs``
+        after its own defaults and derivations), for the keys of :data:`SGLANG_DEFAULTS`."""
+        self._require_started()
+        keys = sorted({k for d in SGLANG_DEFAULTS.values() for k in d} | {"speculative_algorithm", "speculative_use_rejection_sampling"})
+        return {k: getattr(self._server_args, k, None) for k in keys}
 
     # -- table swaps ---------------------------------------------------------------------
 
