@@ -943,3 +943,130 @@ def test_gpu_eagle_heads_draft_exactly_from_their_tables(tmp_path):
 
     report = check_heads("sglang", tmp_path, dtype=DTYPE)
     assert report["ok"], json.dumps(report, default=str)[:4000]
+
+
+# ----------------------------------------------------------------------------- table swaps on the real engine (CUDA)
+
+N_SWAPS = 200
+N_PER_TABLE = 300
+
+
+def _table_case(seed: int, spec, *, V=V, draft_width=None) -> Case:
+    """A random table model (and draft) with values exact in bfloat16; every draw shares
+    the shapes, so all of them swap into one engine."""
+    rng = np.random.default_rng(seed)
+    table = (rng.integers(-8, 9, (V, V)) / 4).astype(np.float32)  # [V, V]
+    draft = None
+    if spec is not None and spec.uses_draft_model:
+        draft = (rng.integers(-8, 9, (V, draft_width or V)) / 4).astype(np.float32)  # [V, V_draft]
+    return Case(table, PROMPT, SP(max_tokens=3), eos_token_id=EOS, spec=spec, draft_table=draft)
+
+
+def _sample_and_judge(eng, case: Case, n: int, alpha: float, seed0: int):
+    from specfuzz.oracle.judge import CaseTest
+
+    test = CaseTest(case, alpha=alpha, profile="sglang", with_bug_laws=False)
+    outs = eng.generate([Request(case.prompt, case.params, seed0 + i) for i in range(n)])
+    test.update([tuple(o.token_ids) for o in outs])
+    return test.judgement(n_planned=n).verdict
+
+
+def _swap_and_check(eng, cfg):
+    report = eng.call("swap", cfg)
+    check = eng.call("check_tables")
+    return report, check
+
+
+@gpu
+@needs_gpu
+def test_gpu_200_tables_swapped_into_one_engine_each_pass_the_table_check_and_agree_with_mu(tmp_path):
+    spec = SpecConfig("ngram_tree", 2, ngram_max=2, tree_topk=3, tree_topk_min=1, tree_budget=5)
+    alpha = ALPHA / N_SWAPS  # no false alarm over the whole run
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        first = _table_case(0, spec)
+        eng.start(engine_config(first, tmp_path, dtype=DTYPE))
+        assert eng.call("check_tables").ok
+        for i in range(1, N_SWAPS + 1):
+            case = _table_case(i, spec)
+            report, check = _swap_and_check(eng, engine_config(case, tmp_path, dtype=DTYPE))
+            assert report.parts == ("target",) and set(report.reset) == {"prefix cache", "ngram trie"}, report
+            assert check.ok and check.rows == V, check.detail
+            verdict = _sample_and_judge(eng, case, N_PER_TABLE, alpha, seed0=i * N_PER_TABLE)
+            assert verdict.status != "fail", f"table {i}: {verdict.evidence}"
+        assert eng.starts == 1
+    finally:
+        eng.close()
+
+
+SWAP_METHODS = [
+    ("off", None, None),
+    ("ngram-default", SpecConfig("ngram_tree", **SPEC_DEFAULTS["ngram_tree"], engine_default=True), None),
+    ("standalone-draft", SpecConfig("draft_model", 2, draft_sampling="greedy"), None),
+    ("standalone-narrower-draft", SpecConfig("draft_model", 2, draft_sampling="greedy"), 4),
+    ("eagle", SpecConfig("eagle", 2, draft_sampling="greedy"), None),
+    ("eagle3-full-width", SpecConfig("eagle3", 2, draft_sampling="greedy"), None),
+]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name,spec,width", SWAP_METHODS, ids=[m[0] for m in SWAP_METHODS])
+def test_gpu_swaps_of_target_draft_and_heads_are_proven_and_agree_with_mu(tmp_path, name, spec, width):
+    n_tables = 10
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        eng.start(engine_config(_table_case(0, spec, draft_width=width), tmp_path, dtype=DTYPE, speculation=spec is not None))
+        assert eng.call("check_tables").ok
+        for i in range(1, n_tables + 1):
+            case = _table_case(i, spec, draft_width=width)
+            report, check = _swap_and_check(eng, engine_config(case, tmp_path, dtype=DTYPE, speculation=spec is not None))
+            want = {"target"} | ({"head"} if name.startswith("eagle") else {"draft"} if spec is not None and spec.uses_draft_model else set())
+            assert set(report.parts) == want, report
+            assert check.ok, check.detail
+            verdict = _sample_and_judge(eng, case, N_PER_TABLE, ALPHA / n_tables, seed0=i * N_PER_TABLE)
+            assert verdict.status != "fail", f"{name} table {i}: {verdict.evidence}"
+    finally:
+        eng.close()
+
+
+@gpu
+@needs_gpu
+def test_gpu_swap_into_a_table_of_another_shape_is_refused_and_a_fresh_engine_serves_it(tmp_path):
+    from specfuzz.engines.base import SwapUnsupported
+
+    spec = SpecConfig("ngram", 2)
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        eng.start(engine_config(_table_case(0, spec), tmp_path, dtype=DTYPE))
+        wider = _table_case(1, spec, V=V + 1)
+        cfg = engine_config(wider, tmp_path, dtype=DTYPE)
+        with pytest.raises((SwapUnsupported, EngineCrash)) as info:
+            eng.call("swap", cfg)
+        assert "SwapUnsupported" in repr(info.value) or isinstance(info.value, SwapUnsupported)
+        assert "running engine's shapes" in str(info.value)
+        eng.start(cfg)  # what the caller does next: a fresh start
+        assert eng.call("check_tables").ok
+        verdict = _sample_and_judge(eng, wider, N_PER_TABLE, ALPHA, seed0=0)
+        assert verdict.status != "fail", verdict.evidence
+    finally:
+        eng.close()
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("method", sorted(SPEC_DEFAULTS))
+def test_gpu_engine_defaults_run_sglangs_own_defaults_and_agree_with_mu(tmp_path, method):
+    spec = SpecConfig(method, **SPEC_DEFAULTS[method], engine_default=True)
+    case = _table_case(0, spec)
+    algo = {"ngram_tree": "NGRAM", "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}[method]
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        eng.start(engine_config(case, tmp_path, dtype=DTYPE))
+        resolved = eng.call("resolved_speculation")
+        assert {k: resolved[k] for k in SGLANG_DEFAULTS[algo]} == SGLANG_DEFAULTS[algo], resolved
+        run = _run(eng, tmp_path, case, N_ON, speculation=True)
+        assert run.crash is None, run.crash
+        assert run.judgement.verdict.status != "fail", f"{method}: {run.judgement.verdict.evidence}"
+    finally:
+        eng.close()
