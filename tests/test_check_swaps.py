@@ -1,0 +1,38 @@
+"""bench/check_swaps.py, the engine-generic swap check the H200 runs, on the reference engine here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import check_swaps  # noqa: E402
+
+
+def test_random_tables_have_no_ties_and_are_exact_in_bfloat16():
+    import torch
+
+    t = check_swaps.random_table(np.random.default_rng(0), 8)  # [8, 8]
+    assert all(len(set(row)) == 8 for row in t.tolist())
+    assert np.array_equal(torch.from_numpy(t).to(torch.bfloat16).to(torch.float32).numpy(), t)
+
+
+@pytest.mark.slow
+def test_check_swaps_samples_every_table_of_every_method_and_finds_nothing_on_the_reference_engine(tmp_path):
+    out = tmp_path / "swaps.json"
+    rc = check_swaps.main(["--engine", "reference", "--tables", "2", "--samples", "40", "--method", "none",
+                           "--method", "ngram_tree", "--variant", "explicit", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0
+    rows = {r["method"]: r for r in report["rows"]}
+    assert set(rows) == {"none", "ngram_tree"}
+    for r in rows.values():
+        # 3 table models per method, 2 request patterns each, all sampled and judged.
+        assert sum(r["verdicts"].values()) == 6 and not r["fails"] and not r["crashes"] and not r["failed_checks"]
+        # The reference engine has no swap (yet): every table model was a start, and that is reported.
+        assert r["starts"] + r["swaps"] == 3
+        assert r["swaps"] or r["refused"]
