@@ -14,11 +14,11 @@ import check_swaps  # noqa: E402
 
 
 def test_random_tables_have_no_ties_and_are_exact_in_bfloat16():
-    import torch
-
-    t = check_swaps.random_table(np.random.default_rng(0), 8)  # [8, 8]
-    assert all(len(set(row)) == 8 for row in t.tolist())
-    assert np.array_equal(torch.from_numpy(t).to(torch.bfloat16).to(torch.float32).numpy(), t)
+    for V in (3, 8, 100):
+        t = check_swaps.random_table(np.random.default_rng(V), V)  # [V, V]
+        assert all(len(set(row)) == V for row in t.tolist())
+        k = t * 8  # multiples of 1/8 with at most 8 significant bits: exact in bfloat16 and float16
+        assert np.array_equal(k, np.round(k)) and np.abs(k).max() <= 255
 
 
 @pytest.mark.slow
