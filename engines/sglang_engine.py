@@ -528,7 +528,7 @@ class SGLangEngine(Engine):
         sp = {"temperature": 1.0, "max_new_tokens": int(max_tokens), "ignore_eos": True}
         outs = self._engine.generate(
             input_ids=[list(p) for p in prompts], sampling_params=[dict(sp) for _ in range(n)],
-            return_logprob=[True] * n, logprob_start_len=[0] * n, top_logprobs_num=[V] * n,
+            return_logprob=True, logprob_start_len=0, top_logprobs_num=V,  # broadcast to every request
         )
         if isinstance(outs, Mapping):
             outs = [outs]
