@@ -140,6 +140,11 @@ def run_method(eng, caps, method: str, variant: str, *, tables: int, samples: in
             if eng.starts > starts:
                 row["starts"] += 1
                 row["times"]["start_s"].append(wall)
+                if "resolved" not in row:  # what the engine resolved its speculation settings to, where it says
+                    try:
+                        row["resolved"] = eng.call("resolved_speculation")
+                    except AttributeError:
+                        row["resolved"] = None
                 # A fresh engine's own table check, for the record (a swap's ran inside start()).
                 t0 = time.perf_counter()
                 try:
