@@ -102,7 +102,7 @@ def table_case(seed: int, V: int, spec, params):
 
 
 def run_method(eng, caps, method: str, variant: str, *, tables: int, samples: int, alpha_each: float,
-               V: int, dtype: str, settings: dict, root: Path, seed: int) -> dict:
+               V: int, dtype: str, settings: dict, root: Path, seed: int, max_fallbacks: int = 3) -> dict:
     """One engine start, then ``tables`` more table models through ``IsolatedEngine.start``
     (a swap and its table check where the engine can, else a fresh start), each sampled."""
     from specfuzz.engines.base import Request
@@ -118,7 +118,12 @@ def run_method(eng, caps, method: str, variant: str, *, tables: int, samples: in
                  "check_tolerance": None, "check_max_abs_diff": 0.0, "reset": [], "kept": []}
     eng.close()  # one start per method: every table model after the first is a swap where the engine can
     t_all = time.perf_counter()
+    in_a_row = 0
     for i in range(tables + 1):
+        if max_fallbacks and getattr(eng, "swap_enabled", True) and in_a_row >= max_fallbacks:
+            # Every table model is a fresh start here: a GPU lease has no time for that.
+            row["stopped"] = f"{in_a_row} table models in a row were not swapped (fresh starts): stopped at table {i}"
+            break
         cases = [table_case(seed + i, V, spec, p) for p in pats]
         cfg = engine_config(cases[0], root, dtype=dtype, speculation=spec is not None, settings=settings)
         starts, swaps, n_events = eng.starts, eng.swaps, len(eng.events)
@@ -130,6 +135,7 @@ def run_method(eng, caps, method: str, variant: str, *, tables: int, samples: in
             for ev in eng.events[n_events:]:
                 if ev.get("event") != "state kept across swap":
                     row["fallbacks"].append({"table": i, **ev})
+            in_a_row = 0 if (i == 0 or eng.swaps > swaps) else in_a_row + 1
             if eng.swaps > swaps:
                 row["swaps"] += 1
                 row["times"]["swap_s"].append(eng.seconds["swap"] - t_swap)  # the load and the table check
@@ -203,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="default: the engine's first dtype")
     ap.add_argument("--alpha", type=float, default=1e-3, help="false-alarm probability of the whole run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-swap", action="store_true", help="start the engine afresh for every table model (a baseline)")
+    ap.add_argument("--max-fallbacks", type=int, default=3,
+                    help="stop a method after this many table models in a row that were not swapped (0: never)")
     ap.add_argument("--setting", action="append", default=[], metavar="KEY=JSON", help="engine setting (repeatable)")
     ap.add_argument("--out", type=Path, help="results file (default: bench/results/swaps_<engine>.json)")
     args = ap.parse_args(argv)
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"swaps_{args.engine.replace(':', '_')}.json"
     with tempfile.TemporaryDirectory(prefix="specfuzz-swaps-") as tmp:
         root = Path(tmp)
-        eng = IsolatedEngine(args.engine, log_dir=root / "logs")
+        eng = IsolatedEngine(args.engine, log_dir=root / "logs", swap=not args.no_swap)
         try:
             caps = eng.capabilities()
             version = eng.version()
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     row = run_method(eng, caps, m, var, tables=args.tables, samples=args.samples, alpha_each=args.alpha / n_tests,
                                      V=V, dtype=dtype, settings=settings, root=root / f"{m}-{var}",
-                                     seed=args.seed * 1_000_003 + len(rows) * 10_007)
+                                     seed=args.seed * 1_000_003 + len(rows) * 10_007, max_fallbacks=args.max_fallbacks)
                 except InvalidInput as exc:  # the engine cannot run this method as configured: say so, go on
                     rows.append({"method": m, "variant": var, "error": str(exc)})
                     print(f"{m}/{var}: not run: {exc}", flush=True)
@@ -259,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"(load {_ms(s['swap_load_s']['median'])}) sample {_ms(s['sample_s']['median'])} "
                       f"start {_ms(s['start_s']['median'])} | {row['tables_per_min']:.1f} tables/min"
                       + (f" | refused: {refused[0]['detail'][:160]}" if refused else "")
-                      + (f" | check failed: {failed[0].get('detail', '')[:160]}" if failed else ""), flush=True)
+                      + (f" | check failed: {failed[0].get('detail', '')[:160]}" if failed else "")
+                      + (f" | {row['stopped']}" if row.get("stopped") else ""), flush=True)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(report, indent=1, default=str) + "\n")
         finally:

@@ -35,3 +35,17 @@ def test_check_swaps_samples_every_table_of_every_method_and_finds_nothing_on_th
         assert sum(r["verdicts"].values()) == 6 and not r["fails"] and not r["crashes"]
         # One start, then every table model swapped in (the reference engine swaps target and draft).
         assert r["starts"] == 1 and r["swaps"] == 2 and not r["fallbacks"] and not r["fresh_checks_failed"]
+
+
+@pytest.mark.slow
+def test_check_swaps_never_samples_a_table_whose_swap_failed_its_check_and_stops_after_repeated_fallbacks(tmp_path):
+    out = tmp_path / "swaps.json"
+    rc = check_swaps.main(["--engine", "tests.example_engines:StaleSwapEngine", "--tables", "3", "--samples", "40",
+                           "--method", "ngram", "--variant", "explicit", "--max-fallbacks", "2", "--out", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    assert rc == 1  # failed checks make the run fail
+    failed = [f for f in row["fallbacks"] if f["event"] == "table check failed after swap"]
+    assert len(failed) == 2 and all(f.get("stale_weights") for f in failed)
+    assert row["swaps"] == 0 and "stopped at table 3" in row["stopped"]
+    # Every sampled table model ran on a freshly started (and checked) engine: none fails μ.
+    assert row["verdicts"] == {"pass": 6} and not row["fails"]
