@@ -335,7 +335,8 @@ def _repro_instructions(data: DraftData, samples: int) -> list[str]:
     if data.is_crash:
         return ["`repro.py` is one standalone file: it writes the checkpoint(s) above into a temporary folder, runs "
                 + ("specfuzz's reference speculative sampler" if k == "reference" else "the engine")
-                + " on the recorded request sequence (or the request once) and ends with `FAIL` when the engine "
+                + " on the recorded request sequence (or the request as the campaign ran it: one engine call with a batch "
+                "of requests, each with its own seed; `--batch N` to change it) and ends with `FAIL` when the engine "
                 "raises, `PASS` otherwise.", "", "```bash", install, "python repro.py", "```", ""]
     L = ["`repro.py` is one standalone file: it writes the checkpoint(s) above into a temporary folder, runs "
          + ("specfuzz's reference speculative sampler" if k == "reference" else "the engine")

@@ -99,9 +99,9 @@ def run_repro(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: 
     except (ProcessLookupError, PermissionError):
         pass
     outcome = outcome_of(out, proc.returncode, timed_out)
-    tail_lines = out.rstrip("\n").splitlines()  # the verdict and its table (engines log to stderr)
-    if outcome in ("crash", "timeout"):  # the error is in stderr: keep its end last
-        tail_lines = tail_lines[-8:] + err.rstrip("\n").splitlines()
+    tail_lines = out.rstrip("\n").splitlines()  # the verdict and its table
+    if outcome in ("crash", "timeout") or "the engine raised" in out:  # the error is in stderr: keep its end last
+        tail_lines = tail_lines[-6:] + err.rstrip("\n").splitlines()
     tail = "\n".join(tail_lines[-TAIL_LINES:])
     return Verification(outcome, _engine_line(out), date, seconds, proc.returncode, tail,
                         " ".join(["python", "repro.py", *extra_args]))

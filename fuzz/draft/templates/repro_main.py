@@ -58,16 +58,19 @@ def main(argv=None):
 
 
 def run_crash(ckpt, args):
-    """A crash finding: start the engine and run the recorded request sequence (or the request
-    once); FAIL if the engine raises, at start or on a request."""
+    """A crash finding: start the engine and run the recorded request sequence, one request per
+    step, or else the request as the campaign ran it: a batch of requests with distinct seeds
+    (--batch, default DEFAULT_BATCH); FAIL if the engine raises, at start or on a request."""
     import traceback
 
     steps = SEQUENCE or [SAMPLING]
+    batch = 1 if SEQUENCE else (args.batch or DEFAULT_BATCH)
     try:
         generate = start_engine(ckpt, args)
         for i, sampling in enumerate(steps):
-            out = generate(sampling, [args.seed + i])
-            print(f"request {i + 1}/{len(steps)}: output {tuple(out[0])}")
+            out = generate(sampling, [args.seed + i * batch + j for j in range(batch)])
+            more = f" (and {batch - 1} more requests of the batch)" if batch > 1 else ""
+            print(f"request {i + 1}/{len(steps)}: output {tuple(out[0])}{more}")
     except Exception:  # noqa: BLE001 - the crash is the finding
         traceback.print_exc(limit=6)
         print("the engine raised (at start or on the request sequence above)")
