@@ -290,6 +290,6 @@ def test_a_crash_repro_sends_the_request_as_a_batch_like_the_campaign(tmp_path):
                                     cwd=out, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": env_path})
     batch = run()
     assert batch.returncode == 1 and batch.stdout.strip().splitlines()[-1] == "FAIL", batch.stdout + batch.stderr
-    assert "batch crash engine: 200 requests" in batch.stderr
+    assert "batch crash engine: 600 requests" in batch.stderr  # the campaign's default --batch
     single = run("--batch", "1")
     assert single.returncode == 0 and single.stdout.strip().splitlines()[-1] == "PASS", single.stdout + single.stderr

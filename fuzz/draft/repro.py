@@ -131,10 +131,20 @@ def repro_data(data: DraftData, samples: int) -> dict:
         "DEPTH": data.depth,
         "SEQUENCE": [s.get("request", s) for s in data.entry.extra.get("sequence", [])] if data.is_crash else None,
         "CRASH": data.is_crash,
+        "CRASH_BATCH": crash_batch(data),
         "DEFAULT_SAMPLES": samples,
         "ALPHA": REPRO_ALPHA,
     }
     return d
+
+
+def crash_batch(data: DraftData) -> int:
+    """Requests per engine call in a crash repro: the entry's recorded batch, else the campaign's
+    default ``--batch`` (a crash found or shrunk by specfuzz ran in batches that large or smaller)."""
+    from specfuzz.fuzz.campaign import CampaignConfig
+
+    recorded = data.entry.extra.get("batch_size")
+    return int(recorded) if isinstance(recorded, int) and recorded > 0 else int(CampaignConfig().batch)
 
 
 def default_samples(data: DraftData) -> int:

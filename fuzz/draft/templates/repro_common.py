@@ -66,6 +66,7 @@ SUSPECTED = None
 DEPTH = None
 SEQUENCE = None
 CRASH = False
+CRASH_BATCH = 600  # requests per engine call when a crash repro runs its request (the campaign's batch)
 DEFAULT_SAMPLES = 1000
 ALPHA = 0.001
 # ---- data ends ----

@@ -10,7 +10,7 @@ import tempfile
 from collections import Counter
 
 from specfuzz.fuzz.draft.templates.repro_common import (
-    ALPHA, CRASH, DEFAULT_SAMPLES, EXPECTED, SAMPLING, SEQUENCE, SUSPECTED, law_of, log_e_value, report,
+    ALPHA, CRASH, CRASH_BATCH, DEFAULT_SAMPLES, EXPECTED, SAMPLING, SEQUENCE, SUSPECTED, law_of, log_e_value, report,
 )
 from specfuzz.fuzz.draft.templates.repro_draft import Checkpoints
 from specfuzz.fuzz.draft.templates.repro_generic import DEFAULT_BATCH, add_engine_arguments, describe, start_engine
@@ -59,12 +59,13 @@ def main(argv=None):
 
 def run_crash(ckpt, args):
     """A crash finding: start the engine and run the recorded request sequence, one request per
-    step, or else the request as the campaign ran it: a batch of requests with distinct seeds
-    (--batch, default DEFAULT_BATCH); FAIL if the engine raises, at start or on a request."""
+    step, or else the request as the campaign ran it: one engine call with a batch of requests
+    with distinct seeds (--batch, default CRASH_BATCH: some crashes need the batch, e.g. a long
+    prefill chunked among many); FAIL if the engine raises, at start or on a request."""
     import traceback
 
     steps = SEQUENCE or [SAMPLING]
-    batch = 1 if SEQUENCE else (args.batch or DEFAULT_BATCH)
+    batch = 1 if SEQUENCE else (args.batch or CRASH_BATCH)
     try:
         generate = start_engine(ckpt, args)
         for i, sampling in enumerate(steps):
