@@ -642,6 +642,9 @@ def _register_optional_commands() -> None:
 
     main.add_command(triage_cmd, "triage")
     main.add_command(draft_cmd, "draft")
+    from specfuzz.compare.command import compare_cmd
+
+    main.add_command(compare_cmd, "compare")
 
 
 _register_optional_commands()
