@@ -69,7 +69,7 @@ def compare_cmd(engines, model, methods, draft, draft_layers, num_speculative_to
             settings=parse_settings(engine_settings), threads=threads,
         )
         v = validate(opts)
-        log = (lambda s: None) if quiet else (lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
+        log = (lambda s: None) if quiet else (lambda s: click.echo(f"compare: {s}", err=True))
         comp = run_compare(v, log=log)
     except SpecfuzzError as exc:
         # One line on stderr, exit 2, nothing written (the report is written only after a complete run).

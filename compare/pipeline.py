@@ -24,7 +24,8 @@ from specfuzz.oracle.speculative import SpecConfig
 from specfuzz.compare import models as M
 from specfuzz.compare.greedy import GreedyReport, greedy_report
 from specfuzz.compare.prompts import EncodedPrompt, Prompt, builtin_prompts, encode, has_chat_template, load_prompts, subset
-from specfuzz.compare.reference import LawSettings, ReferenceModel, measure_logit_noise
+from specfuzz.compare.greedy import acceptance
+from specfuzz.compare.reference import LawSettings, ReferenceModel, greedy_gaps, measure_logit_noise
 from specfuzz.compare.runs import METHODS, Method, Record, RunPlan, RunResult, engine_label, run_engine
 from specfuzz.compare.sampled import SampledTest, merge, pit_values, sampled_test, tolerance_from_noise
 
@@ -141,7 +142,9 @@ class EngineAnalysis:
     sampled: dict[str, SampledTest] = field(default_factory=dict)
     sampled_acceptance: dict[str, tuple[float | None, int | None, int | None]] = field(default_factory=dict)
     baseline_argmax: dict[str, Any] = field(default_factory=dict)  # baseline greedy tokens vs reference argmax
-    noise: float = 0.0
+    noise: float = 0.0  # logit spread used: max(reference across batch shapes, engine vs reference)
+    engine_noise: float | None = None  # the engine's own logits vs the reference's, where the engine exposes them
+    tolerance: tuple[float, float] = (0.0, 0.0)  # (δ assumed logit error, ε relative probability tolerance)
     pits: dict[str, np.ndarray] = field(default_factory=dict)  # "off" and each method -> PIT values
 
 
@@ -156,7 +159,6 @@ class Comparison:
     sampled: bool
     engines: list[EngineAnalysis]
     noise: float  # reference's own float32 spread across batch shapes
-    tolerance: tuple[float, float]  # (δ logits, ε relative)
     seconds: dict[str, float]
     host: dict[str, str]
     records: dict[str, list[Record]]  # "baseline" / "speculative"
@@ -221,33 +223,37 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     settings = LawSettings(float(o.temperature), int(o.top_k), float(o.top_p)) if v.sampled else None
     by_prompt = {p.id: p for p in prompts}
     # The reference's own float32 spread across batch shapes, on real outputs.
-    probe = next((r for runs in all_runs.values() for r in runs[0].sampled), None) or next(
-        (r for runs in all_runs.values() for r in runs[0].greedy), None)
     noise = 0.0
-    if probe is not None:
-        recs = [r for runs in all_runs.values() for r in (runs[0].sampled or runs[0].greedy) if r.prompt_id == probe.prompt_id]
-        noise = measure_logit_noise(ref, by_prompt[probe.prompt_id].token_ids, [r.token_ids for r in recs[:NOISE_PROBE_OUTPUTS]])
-    delta, eps = tolerance_from_noise(noise, o.temperature) if v.sampled else (10.0 * noise, 0.0)
+    first = next(iter(all_runs.values()))[0]
+    recs = [r for r in (first.sampled or first.greedy) if r.token_ids]
+    if recs:
+        pid = recs[0].prompt_id
+        noise = measure_logit_noise(ref, by_prompt[pid].token_ids,
+                                    [r.token_ids for r in recs if r.prompt_id == pid][:NOISE_PROBE_OUTPUTS])
+    drafts = {m.name: ReferenceModel(m.draft_dir, threads=o.threads) for m in methods
+              if v.sampled and m.draft_dir is not None and m.name != "self"}
     analyses = []
     rng_seed = 1_000_000 + o.seed
     for e, runs in all_runs.items():
-        a = EngineAnalysis(engine_label(e), runs[0].version, runs, noise=noise)
         base = runs[0]
+        engine_noise = _engine_noise(ref, base.probe)
+        a = EngineAnalysis(engine_label(e), base.version, runs, noise=max(noise, engine_noise or 0.0),
+                           engine_noise=engine_noise)
         if v.greedy:
-            gaps, argmax = _greedy_reference(ref, prompts, base.greedy, delta)
+            gaps, argmax = _greedy_reference(ref, prompts, base.greedy, a.noise)
             a.baseline_argmax = argmax
             for r in runs[1:]:
                 a.greedy[r.method.name] = greedy_report(r.method.name, prompts, base.greedy, r.greedy, _divergence_gaps(
-                    gaps, base.greedy, r.greedy), noise, o.repeats, plan.repeat_prompts, r.method.name == "self")
+                    gaps, base.greedy, r.greedy), a.noise, o.repeats, plan.repeat_prompts, r.method.name == "self")
         if v.sampled:
+            a.tolerance = tolerance_from_noise(a.noise, o.temperature)
+            delta, eps = a.tolerance
             rng = np.random.default_rng(rng_seed)
-            cal = _pits(ref, prompts, base.sampled, settings, delta, rng)
+            cal = _pits(ref, prompts, base.sampled, settings, delta, rng, None)
             a.pits["off"] = cal.u
             a.calibration = sampled_test(cal, o.alpha, eps)
-            from specfuzz.compare.greedy import acceptance
-
             for r in runs[1:]:
-                pit = _pits(ref, prompts, r.sampled, settings, delta, rng)
+                pit = _pits(ref, prompts, r.sampled, settings, delta, rng, drafts.get(r.method.name))
                 a.pits[r.method.name] = pit.u
                 a.sampled[r.method.name] = sampled_test(pit, o.alpha, eps)
                 a.sampled_acceptance[r.method.name] = acceptance(r.sampled)
@@ -257,29 +263,42 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     records = {"baseline": [x for runs in all_runs.values() for x in runs[0].greedy + runs[0].sampled],
                "speculative": [x for runs in all_runs.values() for r in runs[1:] for x in r.greedy + r.sampled]}
     host = {"python": platform.python_version(), "machine": platform.machine(), "cpus": str(__import__("os").cpu_count())}
-    return Comparison(o, model, draft_dirs, prompts, chat, v.greedy, v.sampled, analyses, noise, (delta, eps), seconds,
-                      host, records)
+    return Comparison(o, model, draft_dirs, prompts, chat, v.greedy, v.sampled, analyses, noise, seconds, host, records)
+
+
+def _engine_noise(ref: ReferenceModel, probe) -> float | None:
+    """Largest |engine logit - reference logit| over the probed tokens (None: not exposed)."""
+    if not probe:
+        return None
+    worst = 0.0
+    for prompt, output, got in probe:
+        lg = ref.output_logits(prompt, [output])[0]  # [T, V]
+        want = lg[np.arange(len(output)), np.asarray(output)]  # [T]
+        worst = max(worst, float(np.max(np.abs(np.asarray(got, dtype=np.float64) - want.astype(np.float64)))))
+    return worst
 
 
 def _pits(ref: ReferenceModel, prompts: Sequence[EncodedPrompt], records: Sequence[Record], settings: LawSettings,
-          delta: float, rng: np.random.Generator):
+          delta: float, rng: np.random.Generator, draft: ReferenceModel | None):
     parts = []
     for p in prompts:
         recs = [r for r in records if r.prompt_id == p.id]
         if not recs:
             continue
-        lg = ref.output_logits(p.token_ids, [r.token_ids for r in recs])
-        parts.append(pit_values(recs, lg, settings, delta, rng))
+        outs = [r.token_ids for r in recs]
+        lg = ref.output_logits(p.token_ids, outs)
+        dl = draft.output_logits(p.token_ids, outs) if draft is not None else None
+        parts.append(pit_values(recs, lg, settings, delta, rng, dl))
     return merge(parts)
 
 
 def _greedy_reference(ref: ReferenceModel, prompts: Sequence[EncodedPrompt], baseline: Sequence[Record],
-                      delta: float) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                      noise: float) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Per prompt, the reference's top-2 logit gap at every position of the baseline's greedy
     output (repeat 0), and how often the baseline token is the reference's argmax."""
     from specfuzz.compare.greedy import NEAR_TIE_FACTOR, NEAR_TIE_FLOOR
 
-    tie = max(NEAR_TIE_FLOOR, NEAR_TIE_FACTOR * delta / 10.0)
+    tie = max(NEAR_TIE_FLOOR, NEAR_TIE_FACTOR * noise)
     gaps: dict[str, np.ndarray] = {}
     tokens = agree = near = 0
     off: list[dict] = []
@@ -288,18 +307,16 @@ def _greedy_reference(ref: ReferenceModel, prompts: Sequence[EncodedPrompt], bas
         r = base0.get(p.id)
         if r is None or not r.token_ids:
             continue
-        lg = ref.output_logits(p.token_ids, [r.token_ids])[0]  # [T, V]
-        top2 = np.sort(np.partition(lg, -2, axis=1)[:, -2:], axis=1)  # [T, 2]
-        gaps[p.id] = (top2[:, 1] - top2[:, 0]).astype(np.float64)  # [T]
-        am = lg.argmax(axis=1)  # [T]
+        am, gap = greedy_gaps(ref.output_logits(p.token_ids, [r.token_ids])[0])  # [T], [T]
+        gaps[p.id] = gap
         for t, tok in enumerate(r.token_ids):
             tokens += 1
             if int(am[t]) == int(tok):
                 agree += 1
-            elif gaps[p.id][t] <= tie:
+            elif gap[t] <= tie:
                 near += 1
             else:
-                off.append({"prompt_id": p.id, "position": t, "token": int(tok), "argmax": int(am[t]), "gap": float(gaps[p.id][t])})
+                off.append({"prompt_id": p.id, "position": t, "token": int(tok), "argmax": int(am[t]), "gap": float(gap[t])})
     return gaps, {"tokens": tokens, "argmax_agree": agree, "near_ties": near, "off_argmax": off[:20], "n_off_argmax": len(off),
                   "tie_threshold": tie}
 

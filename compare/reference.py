@@ -4,7 +4,7 @@ For every emitted token ``x_t`` of an output, the law it should have been drawn 
 the target model's next-token distribution after exactly that prefix (prompt plus
 ``x_<t``) with the request's sampling settings applied. :class:`ReferenceModel` computes
 the raw logits of every output position in one batched forward per prompt (the prompt's
-KV cache computed once and shared by its outputs); :func:`sampling_law` applies
+KV cache computed once and shared by its outputs); :func:`sampling_laws` applies
 temperature, top-k and top-p in the order vLLM and HF transformers share for these
 three settings (temperature, then top-k on the scaled logits keeping ties, then top-p on
 the softmax keeping the smallest set of most probable tokens whose mass reaches
@@ -50,77 +50,77 @@ class LawSettings:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
 
-@dataclass(frozen=True)
-class StepLaw:
-    """The law at one output position and where the emitted token falls in it."""
+def sampling_laws(logits: np.ndarray, s: LawSettings) -> np.ndarray:
+    """The laws ``[T, V]`` (float64) of raw-logits rows ``[T, V]`` under ``s``.
 
-    prob: float  # p(x_t) under the law (0: outside the kept set)
-    before: float  # mass of the tokens ranked before x_t (PIT order)
-    ambiguous: bool  # the kept set is not decided within the noise
-    top1: int  # argmax token of the raw logits
-    gap: float  # raw-logit gap between the two largest logits (greedy near-ties)
-
-
-def sampling_law(logits: np.ndarray, s: LawSettings) -> tuple[np.ndarray, np.ndarray]:
-    """``(probs [V] float64, kept [V] bool)`` of one raw-logits row ``[V]`` under ``s``."""
-    z = np.asarray(logits, dtype=np.float64) / float(s.temperature)  # [V]
-    kept = np.ones(z.shape[0], dtype=bool)  # [V]
-    if s.top_k and s.top_k < z.shape[0]:
-        kth = np.partition(z, -s.top_k)[-s.top_k]
-        kept &= z >= kth  # ties at the k-th value are kept (vLLM and HF both do)
-    zm = np.where(kept, z, -np.inf)  # [V]
-    p = np.exp(zm - zm.max())
-    p /= p.sum()
+    Temperature, then top-k on the scaled logits (ties at the k-th value kept, as vLLM and
+    HF do), softmax, then top-p: a token is kept when the mass of the tokens ranked before
+    it (descending probability, ties by id) is below ``top_p``; renormalised.
+    """
+    if np.ndim(logits) == 1:
+        return sampling_laws(np.asarray(logits)[None], s)[0]
+    z = np.asarray(logits, dtype=np.float64) / float(s.temperature)  # [T, V]
+    T, V = z.shape
+    if s.top_k and s.top_k < V:
+        kth = np.partition(z, V - s.top_k, axis=1)[:, V - s.top_k][:, None]  # [T, 1]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max(axis=1, keepdims=True))  # [T, V]
+    p /= p.sum(axis=1, keepdims=True)
     if s.top_p < 1.0:
-        order = np.lexsort((np.arange(p.shape[0]), -p))  # [V] descending, ties by id
-        before = np.cumsum(p[order]) - p[order]  # [V] mass ranked before each
-        drop = order[before >= s.top_p]
-        kept[drop] = False
-        p[drop] = 0.0
-        p /= p.sum()
-    return p, kept
+        order = np.argsort(-p, axis=1, kind="stable")  # [T, V] descending, ties by id
+        ps = np.take_along_axis(p, order, axis=1)  # [T, V]
+        before = np.cumsum(ps, axis=1) - ps  # [T, V] mass ranked before each
+        drop = before >= s.top_p  # [T, V] in sorted order
+        mask = np.zeros_like(drop)
+        np.put_along_axis(mask, order, drop, axis=1)
+        p = np.where(mask, 0.0, p)
+        p /= p.sum(axis=1, keepdims=True)
+    return p
 
 
-def _ambiguous(logits: np.ndarray, s: LawSettings, noise: float) -> bool:
-    """Whether a perturbation of every logit by at most ``noise`` can change the kept set."""
-    if s.top_k == 0 and s.top_p >= 1.0:
-        return False
-    z = np.asarray(logits, dtype=np.float64) / float(s.temperature)
-    margin = 2.0 * noise / float(s.temperature)  # scaled-logit gap that noise can close
-    if s.top_k and s.top_k < z.shape[0]:
-        top = np.sort(np.partition(z, -(s.top_k + 1))[-(s.top_k + 1):])[::-1]  # [k+1] descending
-        if top[s.top_k - 1] - top[s.top_k] <= margin:
-            return True
+def ambiguous_rows(logits: np.ndarray, s: LawSettings, noise: float) -> np.ndarray:
+    """``[T]`` bool: rows whose kept set can change when every logit moves by at most ``noise``
+    (a top-k gap or a top-p boundary within the noise, or tied probabilities across the cut)."""
+    z = np.asarray(logits, dtype=np.float64) / float(s.temperature)  # [T, V]
+    T, V = z.shape
+    out = np.zeros(T, dtype=bool)
+    margin = 2.0 * noise / float(s.temperature)  # scaled-logit gap the noise can close
+    if s.top_k and s.top_k < V:
+        top = -np.sort(-np.partition(z, V - s.top_k - 1, axis=1)[:, V - s.top_k - 1:], axis=1)  # [T, k+1] descending
+        out |= top[:, s.top_k - 1] - top[:, s.top_k] <= margin
     if s.top_p < 1.0:
-        p, kept = sampling_law(logits, LawSettings(s.temperature, s.top_k, 1.0))
-        order = np.lexsort((np.arange(p.shape[0]), -p))
-        before = np.cumsum(p[order]) - p[order]
-        rel = math.expm1(margin) + 1e-12  # relative change of any probability mass under the noise
-        near = np.abs(before - s.top_p) <= rel * np.maximum(before, s.top_p)
-        if near[p[order] > 0].any():
-            return True
-        # Tied probabilities across the cut: the kept set depends on an unspecified order.
-        cut = int(np.searchsorted(before, s.top_p, side="left"))
-        if 0 < cut < p.shape[0] and abs(p[order][cut - 1] - p[order][cut]) <= rel * p[order][cut - 1]:
-            return True
-    return False
+        p = sampling_laws(logits, LawSettings(s.temperature, s.top_k, 1.0))  # [T, V]
+        ps = -np.sort(-p, axis=1)  # [T, V] descending
+        before = np.cumsum(ps, axis=1) - ps
+        rel = math.expm1(margin) + 1e-12  # relative change of any mass under the noise
+        near = (np.abs(before - s.top_p) <= rel * np.maximum(before, s.top_p)) & (ps > 0)
+        out |= near.any(axis=1)
+        cut = (before < s.top_p).sum(axis=1)  # [T] kept count
+        rows = np.arange(T)
+        inside = (cut > 0) & (cut < V)
+        c = np.clip(cut, 1, V - 1)
+        tied = np.abs(ps[rows, c - 1] - ps[rows, c]) <= rel * ps[rows, c - 1]
+        out |= inside & tied
+    return out
 
 
-def step_law(logits: np.ndarray, token: int, s: LawSettings | None, noise: float) -> StepLaw:
-    """Where ``token`` falls in the law of one raw-logits row (``s`` None: greedy, no law)."""
-    row = np.asarray(logits, dtype=np.float64)  # [V]
-    top2 = np.partition(row, -2)[-2:]
-    gap = float(top2[1] - top2[0])
-    top1 = int(np.argmax(row))
-    if s is None:
-        return StepLaw(1.0 if token == top1 else 0.0, 0.0, False, top1, gap)
-    p, _ = sampling_law(row, s)
-    if not 0 <= token < p.shape[0]:
-        return StepLaw(0.0, 0.0, False, top1, gap)
-    # Mass ranked before the token in PIT order: larger probability, or equal with a smaller id.
-    pt = p[token]
-    before = float(p[p > pt].sum() + p[:token][p[:token] == pt].sum())
-    return StepLaw(float(pt), before, _ambiguous(row, s, noise), top1, gap)
+def pit_parts(p: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(prob [T], before [T])``: each token's probability and the mass ranked before it
+    (descending probability, ties by id) in its row of the laws ``p [T, V]``."""
+    T, V = p.shape
+    rows = np.arange(T)
+    pt = p[rows, tokens]  # [T]
+    higher = (p > pt[:, None]).astype(np.float64)  # [T, V]
+    tie_before = (p == pt[:, None]) & (np.arange(V)[None, :] < tokens[:, None])  # [T, V]
+    before = (p * (higher + tie_before)).sum(axis=1)  # [T]
+    return pt, before
+
+
+def greedy_gaps(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(argmax [T], gap [T])``: argmax token and top-2 raw-logit gap of each row ``[T, V]``."""
+    lg = np.asarray(logits, dtype=np.float64)
+    top2 = np.sort(np.partition(lg, -2, axis=1)[:, -2:], axis=1)  # [T, 2]
+    return lg.argmax(axis=1), top2[:, 1] - top2[:, 0]
 
 
 class ReferenceModel:

@@ -154,29 +154,40 @@ def markdown(c: Comparison, plots: list[str]) -> str:
     L.append("")
 
     if c.sampled:
-        delta, eps = c.tolerance
         L.append("## Sampled mode: do speculative samples follow the model's own laws?\n")
         L.append(f"Every emitted token is tested against the target's next-token law after exactly its prefix "
                  f"(teacher-forced through HF transformers at float32, temperature {o.temperature:g}, top_k "
                  f"{o.top_k or 'off'}, top_p {o.top_p:g}) with the randomized probability integral transform (order: "
                  f"{PIT_ORDER}), which is exactly Uniform(0, 1) under the null; {PIT_BINS} bins feed an anytime-valid "
-                 f"e-process (fail when the e-value reaches 1/α = {1 / o.alpha:g}).\n")
+                 f"e-process. For draft-model methods the draft's own laws give two catalogued alternatives "
+                 f"(`resample-from-p`: rejection resamples from p instead of the residual; `no-verification`: draft "
+                 f"tokens emitted as drawn), each a likelihood-ratio e-process; the decision mixes ½ PIT + ½ alternatives "
+                 f"and fails when the e-value reaches 1/α = {1 / o.alpha:g}.\n")
         L.append(f"**Numerical tolerance.** The reference's own float32 logits differ by up to {c.noise:.2e} between two "
-                 f"batch shapes (measured on real outputs). The test assumes engine logits within δ = {TOLERANCE_SAFETY:g} × "
-                 f"that = {delta:.2e} of the reference: every probability within a factor exp(±2δ/T), i.e. a relative "
-                 f"tolerance ε = {eps:.2e} per token ({eps / PIT_BINS:.2e} per PIT bin). Steps whose top-k/top-p cut is "
-                 f"not decided within δ are left out and counted. The calibration row (speculation off, same engine) must "
-                 f"pass at that tolerance; if it fails, the engine's sampler is not described by the reference within δ and "
-                 f"no speculation verdict is drawn from that engine.\n")
-        L.append("| engine | run | verdict | e-value | tokens tested | samples | steps left out | impossible tokens | KS p (fixed n) | evidence |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|")
+                 f"batch shapes (measured on real outputs)." + "".join(
+                     f" {a.engine}'s own logits (read back from the engine) differ from the reference's by up to "
+                     f"{a.engine_noise:.2e}." for a in c.engines if a.engine_noise is not None))
+        L.append("")
+        L.append("| engine | logit spread used | assumed logit error δ | relative tolerance ε per token | per PIT bin |")
+        L.append("|---|---|---|---|---|")
+        for a in c.engines:
+            d, e = a.tolerance
+            L.append(f"| {a.engine} | {a.noise:.2e} | {d:.2e} ({TOLERANCE_SAFETY:g} × spread) | {e:.2e} | {e / PIT_BINS:.2e} |")
+        L.append("")
+        L.append("If every engine logit is within δ of the reference, every probability is within a factor exp(±2δ/T): the "
+                 "tests run at that tolerance. Steps whose top-k/top-p cut is not decided within δ are left out and counted. "
+                 "The calibration row (speculation off, same engine) must pass; if it fails, the engine's sampler is not "
+                 "described by the reference within δ and no speculation verdict is drawn from that engine.\n")
+        L.append("| engine | run | verdict | e-value | PIT e-value | alternatives' e-values | tokens tested | samples | steps left out | impossible tokens | KS p (fixed n) | evidence |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for a in c.engines:
             for name, t in [("off (calibration)", a.calibration), *a.sampled.items()]:
                 if t is None:
                     continue
                 ks = "n/a" if t.ks_p_value is None else f"{t.ks_p_value:.3g}"
-                L.append(f"| {a.engine} | {name} | {t.status} | {_fmt_e(t.log_e)} | {t.tokens} | {t.samples} | {t.ambiguous} | "
-                         f"{t.impossible} | {ks} | {t.evidence} |")
+                alts = ", ".join(f"{k} {_fmt_e(x)}" for k, x in t.log_e_alternatives.items()) or "-"
+                L.append(f"| {a.engine} | {name} | {t.status} | {_fmt_e(t.log_e)} | {_fmt_e(t.log_e_pit)} | {alts} | {t.tokens} | "
+                         f"{t.samples} | {t.ambiguous} | {t.impossible} | {ks} | {t.evidence} |")
             if a.calibration is not None and a.calibration.status == "fail":
                 L.append(f"\n**{a.engine}: calibration failed** — the speculation verdicts of this engine are not meaningful.")
         L.append("")
@@ -312,8 +323,9 @@ def to_json(c: Comparison, plot_files: list[str]) -> dict:
                 acc = a.sampled_acceptance.get(m)
                 d["sampled_acceptance"] = None if acc is None else {"rate": acc[0], "drafted": acc[1], "accepted": acc[2]}
             methods[m] = d
-        eng[a.engine] = {"version": dict(a.version), "runs": methods}
-    delta, eps = c.tolerance
+        eng[a.engine] = {"version": dict(a.version), "runs": methods, "logit_spread": a.noise,
+                         "engine_vs_reference_logits": a.engine_noise, "assumed_logit_error": a.tolerance[0],
+                         "tolerance_relative": a.tolerance[1]}
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "specfuzz-compare",
@@ -326,8 +338,8 @@ def to_json(c: Comparison, plot_files: list[str]) -> dict:
                     "prompts": str(o.prompts) if o.prompts else "built-in", "limit": o.limit, "chat": c.chat,
                     "draft_layers": o.draft_layers},
         "prompts": [{"id": p.id, "kind": p.prompt.kind, "length": p.length, "tokens": len(p.token_ids)} for p in c.prompts],
-        "reference": {"what": "HF transformers, float32, CPU, teacher-forced", "logit_noise": c.noise,
-                      "assumed_logit_error": delta, "tolerance_relative": eps, "tolerance_safety": TOLERANCE_SAFETY},
+        "reference": {"what": "HF transformers, float32, CPU, teacher-forced", "logit_spread_batch_shapes": c.noise,
+                      "tolerance_safety": TOLERANCE_SAFETY},
         "engines": eng,
         "summary": method_rows(c),
         "seconds": c.seconds,

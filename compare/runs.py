@@ -96,6 +96,8 @@ class RunResult:
     sampled: list[Record] = field(default_factory=list)
     greedy_seconds: float = 0.0
     sampled_seconds: float = 0.0
+    # The engine's own raw logits of some baseline outputs' tokens (engine_token_logits), with their items.
+    probe: list[tuple[tuple[int, ...], tuple[int, ...], list[float]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,13 @@ def run_method(engine, engine_spec: str, method: Method, plan: RunPlan, target_d
         res.sampled_seconds = time.perf_counter() - t0
         res.sampled = [r for (it, c, dt) in zip(items, outs, times) for r in _records(label, method.name, "sampled", [it], [c], dt, decode)]
         log(f"{label} {method.name}: sampled {len(items)} requests in {res.sampled_seconds:.0f} s")
+    if method.spec is None:
+        by_id = {p.id: p for p in plan.prompts}
+        recs = [r for r in (res.sampled or res.greedy) if r.token_ids][:PROBE_OUTPUTS]
+        items = [(by_id[r.prompt_id].token_ids, r.token_ids) for r in recs]
+        got = engine_token_logits(engine, items)
+        if got is not None:
+            res.probe = [(p, o, g) for (p, o), g in zip(items, got)]
     return res
 
 
@@ -230,3 +239,34 @@ def run_engine(engine_spec: str, engine_kwargs: Mapping[str, Any], methods: Sequ
         if close is not None:
             close()
     return out
+
+
+# Sampled outputs of the baseline whose logits are read back from the engine itself.
+PROBE_OUTPUTS = 4
+
+
+def engine_token_logits(engine, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]] | None:
+    """The engine's own raw logit of every realized output token, teacher-forced: for each
+    ``(prompt, output)``, ``[logit of output[t] after prompt + output[:t]]``. Where the engine
+    can tell (vLLM: prompt logprobs of ``prompt + output`` under ``logprobs_mode="raw_logits"``,
+    which the vLLM adapter sets); None elsewhere."""
+    llm = getattr(engine, "_llm", None)
+    if llm is None or not items:
+        return None
+    try:
+        mode = str(llm.llm_engine.model_config.logprobs_mode)
+        if mode != "raw_logits":
+            return None
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        sp = VSP(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p] + [int(t) for t in o]) for p, o in items], sp,
+                            use_tqdm=False)
+        res = []
+        for (p, o), out in zip(items, outs):
+            plp = out.prompt_logprobs
+            res.append([float(plp[len(p) + t][int(o[t])].logprob) for t in range(len(o))])
+        return res
+    except Exception:  # noqa: BLE001 - a probe only: no number rather than a failed run
+        return None
