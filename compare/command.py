@@ -60,6 +60,8 @@ def compare_cmd(engines, model, methods, draft, draft_layers, num_speculative_to
     from specfuzz.compare.pipeline import CompareOptions, run_compare, validate
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
     try:
         opts = CompareOptions(
             engines=tuple(engines), model=model, methods=tuple(methods), draft=draft, draft_layers=draft_layers,
@@ -78,10 +80,12 @@ def compare_cmd(engines, model, methods, draft, draft_layers, num_speculative_to
     except click.BadParameter as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(2)
-    from specfuzz.compare.report import terminal_table, write
+    from specfuzz.compare.report import terminal_flags, terminal_table, write
 
     files = write(comp, out)
     console.print(terminal_table(comp))
+    for line in terminal_flags(comp):
+        console.print(f"[yellow]flag[/yellow] {line}", highlight=False)
     console.print(f"report: {files['report.md']} (JSON: {files['report.json']}; plots and records beside it)", highlight=False)
     if check:
         bad = any((a.calibration is not None and a.calibration.status == "fail")

@@ -95,11 +95,12 @@ class GreedyReport:
     speculative_varying: list[str]
     repeats: int
     repeat_prompts: int
-    acceptance: float | None  # accepted / drafted over the greedy run (engine metrics)
+    acceptance: float | None  # accepted / drafted over the greedy run (engine metrics, else estimated)
     drafted: int | None
     accepted: int | None
     tie_threshold: float
     flags: list[str] = field(default_factory=list)
+    acceptance_source: str = "engine"  # "engine" (its own counters), "estimated" (replayed), "none"
 
     @property
     def match_rate(self) -> float:
@@ -111,7 +112,8 @@ class GreedyReport:
             "differences": [d.to_json() for d in self.diffs], "by_group": self.by_group, "wilcoxon": self.wilcoxon,
             "baseline_varying": self.baseline_varying, "speculative_varying": self.speculative_varying,
             "repeats": self.repeats, "repeat_prompts": self.repeat_prompts, "acceptance": self.acceptance,
-            "drafted": self.drafted, "accepted": self.accepted, "tie_threshold": self.tie_threshold, "flags": self.flags,
+            "drafted": self.drafted, "accepted": self.accepted, "acceptance_source": self.acceptance_source,
+            "tie_threshold": self.tie_threshold, "flags": self.flags,
         }
 
 
@@ -123,6 +125,25 @@ def acceptance(records: Sequence[Record]) -> tuple[float | None, int | None, int
     d = sum(int(r.num_draft_tokens) for r in have)
     a = sum(int(r.num_accepted_tokens) for r in have)
     return (a / d if d else None), d, a
+
+
+def replay_greedy_acceptance(outputs: Sequence[Sequence[int]], draft_argmax: Sequence[Sequence[int]], k: int) -> tuple[int, int]:
+    """``(drafted, accepted)`` of greedy chain drafting with ``k`` tokens per round, replayed
+    on the emitted outputs: ``draft_argmax[i][t]`` is the draft's argmax after the prompt and
+    ``outputs[i][:t]`` (teacher-forced). Exact for greedy drafts verified greedily: a draft
+    token is proposed from a prefix that equals the output as long as the round's earlier
+    drafts were accepted. Used when an engine exposes no acceptance counters."""
+    drafted = accepted = 0
+    for out, am in zip(outputs, draft_argmax):
+        t, n = 0, len(out)
+        while t < n - 1:  # a round needs a next token to verify against
+            got = 0
+            while got < k and t + got < n and int(am[t + got]) == int(out[t + got]):
+                got += 1
+            drafted += k
+            accepted += got
+            t += got + 1
+    return drafted, accepted
 
 
 def varying(records: Sequence[Record]) -> list[str]:

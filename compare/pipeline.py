@@ -243,8 +243,11 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
             gaps, argmax = _greedy_reference(ref, prompts, base.greedy, a.noise)
             a.baseline_argmax = argmax
             for r in runs[1:]:
-                a.greedy[r.method.name] = greedy_report(r.method.name, prompts, base.greedy, r.greedy, _divergence_gaps(
+                g = greedy_report(r.method.name, prompts, base.greedy, r.greedy, _divergence_gaps(
                     gaps, base.greedy, r.greedy), a.noise, o.repeats, plan.repeat_prompts, r.method.name == "self")
+                if g.acceptance is None:
+                    _estimate_acceptance(g, r, prompts, ref if r.method.name == "self" else None, o, log)
+                a.greedy[r.method.name] = g
         if v.sampled:
             a.tolerance = tolerance_from_noise(a.noise, o.temperature)
             delta, eps = a.tolerance
@@ -264,6 +267,32 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
                "speculative": [x for runs in all_runs.values() for r in runs[1:] for x in r.greedy + r.sampled]}
     host = {"python": platform.python_version(), "machine": platform.machine(), "cpus": str(__import__("os").cpu_count())}
     return Comparison(o, model, draft_dirs, prompts, chat, v.greedy, v.sampled, analyses, noise, seconds, host, records)
+
+
+def _estimate_acceptance(g: GreedyReport, run: RunResult, prompts: Sequence[EncodedPrompt], ref: ReferenceModel | None,
+                         o: CompareOptions, log) -> None:
+    """Acceptance replayed from the draft's teacher-forced argmax, for engines without counters
+    (draft-model methods; n-gram drafting depends on the engine's matcher and is not replayed)."""
+    from specfuzz.compare.greedy import LOW_ACCEPTANCE, replay_greedy_acceptance
+
+    if run.method.draft_dir is None:
+        g.acceptance_source = "none"
+        return
+    draft = ref if ref is not None else ReferenceModel(run.method.draft_dir, threads=o.threads)
+    outs, ams = [], []
+    for p in prompts:
+        for r in run.greedy:
+            if r.prompt_id == p.id and r.repeat == 0 and r.token_ids:
+                lg = draft.output_logits(p.token_ids, [r.token_ids])[0]  # [T, V]
+                outs.append(r.token_ids)
+                ams.append(lg.argmax(axis=1))
+    d, a = replay_greedy_acceptance(outs, ams, run.method.spec.num_speculative_tokens)
+    g.drafted, g.accepted = d, a
+    g.acceptance = a / d if d else None
+    g.acceptance_source = "estimated"
+    if g.acceptance is not None and g.acceptance < LOW_ACCEPTANCE and run.method.name != "self":
+        g.flags.append(f"low acceptance (estimated): {g.acceptance:.1%} of draft tokens accepted (below {LOW_ACCEPTANCE:.0%})")
+    log(f"{run.engine} {run.method.name}: no acceptance counters; estimated {g.acceptance} by replaying greedy drafting")
 
 
 def _engine_noise(ref: ReferenceModel, probe) -> float | None:

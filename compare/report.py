@@ -113,12 +113,18 @@ def terminal_table(c: Comparison):
 
     t = Table(title=f"specfuzz compare: {c.model.name}, {len(c.prompts)} prompts, max_tokens {c.options.max_tokens}"
                     + (f", sampled at T={c.options.temperature:g}" if c.sampled else ""))
-    for _, head in COLUMNS:
+    cols = [(k, h) for k, h in COLUMNS if k != "flags"]
+    for _, head in cols:
         t.add_column(head, overflow="fold")
     for row in method_rows(c):
         style = "red" if row["verdict"] == "FAIL" or "BUG" in row["flags"] else None
-        t.add_row(*[row[k] for k, _ in COLUMNS], style=style)
+        t.add_row(*[row[k] for k, _ in cols], style=style)
     return t
+
+
+def terminal_flags(c: Comparison) -> list[str]:
+    """The flags of every row, one line each (printed under the table)."""
+    return [f"{r['engine']} / {r['method']}: {f}" for r in method_rows(c) if r["flags"] for f in r["flags"].split("; ")]
 
 
 def _settings_line(c: Comparison) -> str:
@@ -204,8 +210,8 @@ def markdown(c: Comparison, plots: list[str]) -> str:
                 L.append(f"### {a.engine} / {m}\n")
                 L.append(f"- exact match: {g.matches} of {g.prompts} prompts ({_pct(g.match_rate)}); flag threshold "
                          f"{FLAG_DIFFER_RATE:.0%} differing")
-                L.append(f"- acceptance (engine metrics, greedy run): {_pct(g.acceptance)}"
-                         + (f" ({g.accepted} of {g.drafted} draft tokens)" if g.drafted is not None else " (not exposed)"))
+                L.append(f"- acceptance ({'engine counters' if g.acceptance_source == 'engine' else 'estimated by replaying greedy drafting on the outputs' if g.acceptance_source == 'estimated' else 'not exposed'}, greedy run): "
+                         f"{_pct(g.acceptance)}" + (f" ({g.accepted} of {g.drafted} draft tokens)" if g.drafted is not None else ""))
                 L.append(f"- nondeterminism ({g.repeats} runs per mode on {g.repeat_prompts} prompts): baseline varies on "
                          f"{len(g.baseline_varying)} ({', '.join(g.baseline_varying) or 'none'}), speculative on "
                          f"{len(g.speculative_varying)} ({', '.join(g.speculative_varying) or 'none'})")
@@ -296,7 +302,7 @@ def plots(c: Comparison, out_dir: Path) -> list[str]:
                     ax.plot(q, np.sort(u), lw=1)
                 ax.plot([0, 1], [0, 1], "k--", lw=1)
                 ax.set(xlabel="uniform quantile", ylabel="PIT quantile" if j == 0 else None, title=f"QQ, {len(u)} tokens")
-            fig.suptitle(f"{a.engine}: PIT of sampled tokens under the model's own laws (uniform under the null)")
+            fig.suptitle(f"{a.engine}: PIT of sampled tokens under the model's own laws\n(uniform under the null)", fontsize=10)
             fig.tight_layout()
             p = f"plots/pit_{a.engine}.png"
             fig.savefig(out_dir / p, dpi=90)

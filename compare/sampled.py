@@ -71,7 +71,7 @@ from specfuzz.compare.reference import PIT_ORDER, LawSettings, ambiguous_rows, p
 from specfuzz.compare.runs import Record
 from specfuzz.oracle.stats import SequentialTest
 
-PIT_BINS = 20
+PIT_BINS = 10
 # The tolerance assumes logit errors up to this many times the largest spread measured.
 TOLERANCE_SAFETY = 10.0
 # Bet sizes of the catalogued alternatives (equal weights), see the module docstring.

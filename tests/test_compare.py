@@ -282,3 +282,13 @@ def test_power_check_broken_residual_is_flagged_and_hf_assisted_generation_is_no
     assert good["off"]["sampled_calibration"]["status"] == "pass" and bad["off"]["sampled_calibration"]["status"] == "pass"
     assert good["cut"]["sampled"]["status"] == "pass", good["cut"]["sampled"]
     assert bad["cut"]["sampled"]["status"] == "fail", bad["cut"]["sampled"]
+
+
+def test_replayed_greedy_acceptance_counts_rounds_of_k_drafts():
+    from specfuzz.compare.greedy import replay_greedy_acceptance
+
+    out = [5, 6, 7, 8, 9]
+    # The draft's argmax agrees everywhere but position 2: round 1 accepts 2 (then the target
+    # emits 7), round 2 starts at 3 and accepts 8 and 9 (the output ends).
+    assert replay_greedy_acceptance([out], [[5, 6, 0, 8, 9]], 3) == (6, 4)
+    assert replay_greedy_acceptance([out], [[0, 0, 0, 0, 0]], 2) == (8, 0)  # four rejected rounds, at 0, 1, 2 and 3
