@@ -208,7 +208,7 @@ def test_bad_input_draft_tokenizer_and_unloadable_model_exit_2_and_write_nothing
 
     out = tmp_path / "out"
     other = tmp_path / "table-draft"
-    write_checkpoint(np.zeros((8, 8)), other)  # a Llama checkpoint with an 8-token tokenizer
+    write_checkpoint(other, np.zeros((8, 8)))  # a Llama checkpoint with an 8-token tokenizer
     _one_line_exit_2(_cli(["--draft", str(other), "--limit", "1", "--out", str(out)], tmp_path),
                      "--draft=", "the target's tokenizer")
     broken = tmp_path / "broken-model"
