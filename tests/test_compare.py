@@ -292,3 +292,19 @@ def test_replayed_greedy_acceptance_counts_rounds_of_k_drafts():
     # emits 7), round 2 starts at 3 and accepts 8 and 9 (the output ends).
     assert replay_greedy_acceptance([out], [[5, 6, 0, 8, 9]], 3) == (6, 4)
     assert replay_greedy_acceptance([out], [[0, 0, 0, 0, 0]], 2) == (8, 0)  # four rejected rounds, at 0, 1, 2 and 3
+
+
+def test_seeded_requests_are_batched_so_every_prefill_fits_one_scheduler_step():
+    from specfuzz.compare.runs import SEEDED_BATCH_PROMPT_TOKENS, _batches
+    from specfuzz.engines.base import Request
+    from specfuzz.oracle.params import SamplingParams
+
+    sp = SamplingParams()
+    long = tuple(range(700))
+    seeded = [Request(long, sp, seed=i) for i in range(7)]
+    batches = _batches(seeded)
+    assert [len(b) for b in batches] == [2, 2, 2, 1]
+    assert all(sum(len(r.prompt) for r in b) <= SEEDED_BATCH_PROMPT_TOKENS for b in batches)
+    assert sum(batches, []) == seeded
+    unseeded = [Request(long, sp) for _ in range(7)]
+    assert _batches(unseeded) == [unseeded]  # greedy / unseeded sets stay one batch
