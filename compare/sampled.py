@@ -75,7 +75,7 @@ PIT_BINS = 10
 # The tolerance assumes logit errors up to this many times the largest spread measured.
 TOLERANCE_SAFETY = 10.0
 # Bet sizes of the catalogued alternatives (equal weights), see the module docstring.
-ALT_LAMBDAS = (0.125, 0.25, 0.5, 1.0)
+ALT_LAMBDAS = (0.5, 1.0)
 ALTERNATIVES = ("resample-from-p", "no-verification")
 
 

@@ -274,7 +274,7 @@ def test_compare_default_model_on_vllm_cpu_runs_end_to_end(tmp_path, smollm2):
 def test_power_check_broken_residual_is_flagged_and_hf_assisted_generation_is_not(tmp_path, smollm2):
     out = tmp_path / "power"
     res = _cli(["--engine", "hf", "--engine", "compare_engines:ResampleFromPHF", "--method", "cut", "--mode", "sampled",
-                "--limit", "3", "--samples", "4", "--max-tokens", "24", "--out", str(out)], tmp_path, timeout=1500)
+                "--limit", "4", "--samples", "6", "--max-tokens", "32", "--out", str(out)], tmp_path, timeout=2400)
     assert res.returncode == 0, res.stderr[-3000:]
     data = _report(out)
     good = data["engines"]["hf"]["runs"]
