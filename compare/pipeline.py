@@ -329,7 +329,7 @@ def _greedy_reference(ref: ReferenceModel, prompts: Sequence[EncodedPrompt], bas
 
     tie = max(NEAR_TIE_FLOOR, NEAR_TIE_FACTOR * noise)
     gaps: dict[str, np.ndarray] = {}
-    tokens = agree = near = 0
+    tokens = agree = near = tie_positions = 0
     off: list[dict] = []
     base0 = {r.prompt_id: r for r in baseline if r.repeat == 0}
     for p in prompts:
@@ -338,6 +338,7 @@ def _greedy_reference(ref: ReferenceModel, prompts: Sequence[EncodedPrompt], bas
             continue
         am, gap = greedy_gaps(ref.output_logits(p.token_ids, [r.token_ids])[0])  # [T], [T]
         gaps[p.id] = gap
+        tie_positions += int((gap <= tie).sum())
         for t, tok in enumerate(r.token_ids):
             tokens += 1
             if int(am[t]) == int(tok):
@@ -347,7 +348,7 @@ def _greedy_reference(ref: ReferenceModel, prompts: Sequence[EncodedPrompt], bas
             else:
                 off.append({"prompt_id": p.id, "position": t, "token": int(tok), "argmax": int(am[t]), "gap": float(gap[t])})
     return gaps, {"tokens": tokens, "argmax_agree": agree, "near_ties": near, "off_argmax": off[:20], "n_off_argmax": len(off),
-                  "tie_threshold": tie}
+                  "tie_threshold": tie, "near_tie_positions": tie_positions}
 
 
 def _divergence_gaps(gaps: Mapping[str, np.ndarray], baseline: Sequence[Record], spec: Sequence[Record]) -> dict[str, float]:

@@ -205,7 +205,8 @@ def markdown(c: Comparison, plots: list[str]) -> str:
             if ba:
                 L.append(f"**{a.engine} baseline vs the reference's argmax**: {ba['argmax_agree']} of {ba['tokens']} baseline "
                          f"tokens are the reference's argmax; {ba['near_ties']} others at near-ties (top-2 gap ≤ "
-                         f"{ba['tie_threshold']:.1e}); {ba['n_off_argmax']} elsewhere.\n")
+                         f"{ba['tie_threshold']:.1e}); {ba['n_off_argmax']} elsewhere; {ba.get('near_tie_positions', 0)} positions "
+                         f"have a top-2 gap within that threshold (where rounding may flip an argmax).\n")
             for m, g in a.greedy.items():
                 L.append(f"### {a.engine} / {m}\n")
                 L.append(f"- exact match: {g.matches} of {g.prompts} prompts ({_pct(g.match_rate)}); flag threshold "
