@@ -230,12 +230,16 @@ def cut_draft(target: Path, layers: int, cache_dir: Path | None = None) -> Path:
         if not files:
             raise InvalidInput("--model", str(target), "a checkpoint with safetensors weights to cut a draft from (or give --draft PATH)")
         for f in files:
-            with safe_open(str(f), framework="pt") as sf:
-                for k in sf.keys():
-                    if k.startswith("model.layers."):
-                        if int(k.split(".")[2]) >= layers:
-                            continue
-                    state[k] = sf.get_tensor(k)
+            try:
+                with safe_open(str(f), framework="pt") as sf:
+                    for k in sf.keys():
+                        if k.startswith("model.layers."):
+                            if int(k.split(".")[2]) >= layers:
+                                continue
+                        state[k] = sf.get_tensor(k)
+            except Exception as exc:  # noqa: BLE001 - unreadable weights are bad input
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                raise InvalidInput("--model", str(target), f"a checkpoint whose weights can be read to cut a draft from ({f.name}: {first})") from None
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
