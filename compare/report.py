@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from specfuzz.compare.greedy import FLAG_DIFFER_RATE, LOW_ACCEPTANCE
-from specfuzz.compare.pipeline import Comparison, EngineAnalysis
+from specfuzz.compare.pipeline import Comparison
 from specfuzz.compare.reference import PIT_ORDER
 from specfuzz.compare.sampled import PIT_BINS, TOLERANCE_SAFETY, SampledTest
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specfuzz.compare.greedy import edit_distance, first_divergence
-from specfuzz.compare.prompts import Prompt, builtin_prompts, load_prompts, subset
+from specfuzz.compare.prompts import builtin_prompts, load_prompts, subset
 from specfuzz.compare.reference import LawSettings, ambiguous_rows, pit_parts, sampling_laws
 from specfuzz.compare.runs import Record
 from specfuzz.compare.sampled import PitSet, alternative_log_e, pit_values, sampled_test
