@@ -233,7 +233,8 @@ def _report(out: Path) -> dict:
     return data
 
 
-CI_ARGS = ["--limit", "2", "--max-tokens", "10", "--samples", "3", "--repeats", "2", "--repeat-prompts", "1"]
+# CI runs alone on 2 cores: two torch threads (on a shared, loaded machine one is faster).
+CI_ARGS = ["--limit", "2", "--max-tokens", "10", "--samples", "3", "--repeats", "2", "--repeat-prompts", "1", "--threads", "2"]
 
 
 def _check_default_run(data: dict, engine: str) -> dict:
@@ -277,7 +278,7 @@ def test_compare_default_model_on_vllm_cpu_runs_end_to_end(tmp_path, smollm2):
 def test_power_check_broken_residual_is_flagged_and_hf_assisted_generation_is_not(tmp_path, smollm2):
     out = tmp_path / "power"
     res = _cli(["--engine", "hf", "--engine", "compare_engines:ResampleFromPHF", "--method", "cut", "--mode", "sampled",
-                "--limit", "4", "--samples", "6", "--max-tokens", "32", "--out", str(out)], tmp_path, timeout=2400)
+                "--limit", "4", "--samples", "6", "--max-tokens", "32", "--threads", "2", "--out", str(out)], tmp_path, timeout=2400)
     assert res.returncode == 0, res.stderr[-3000:]
     data = _report(out)
     good = data["engines"]["hf"]["runs"]
