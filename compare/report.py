@@ -359,6 +359,7 @@ def _write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the report from other users
     os.replace(tmp, path)
 
 
