@@ -175,7 +175,9 @@ def _cli(args, tmp_path, timeout=900, env_extra=None):
 def _one_line_exit_2(res, *needles):
     err = res.stderr.strip()
     assert res.returncode == 2, (res.returncode, res.stdout[-2000:], err[-2000:])
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    # Progress lines ("compare: ...") may precede it; the error itself is one line, the last.
+    errors = [ln for ln in err.splitlines() if not ln.startswith("compare: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "Traceback" not in err, err
     for n in needles:
         assert n in err, err
 
