@@ -734,6 +734,9 @@ def _register_optional_commands() -> None:
 
     main.add_command(triage_cmd, "triage")
     main.add_command(draft_cmd, "draft")
+    from specfuzz.compare.command import compare_cmd
+
+    main.add_command(compare_cmd, "compare")
     from specfuzz.fuzz.bisect_cli import bisect_cmd
 
     main.add_command(bisect_cmd, "bisect")

@@ -194,7 +194,12 @@ def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int 
     except DraftError as exc:
         raise click.BadParameter(f"{str(entry)!r}: {str(exc).split(': ', 1)[-1]}; a corpus entry file, or a signature "
                                  "or file stem of one under --corpus", param_hint="ENTRY") from None
-    read_entry_file(path, "ENTRY")  # a file that is not an entry: one line, exit 2
+    entry_obj = read_entry_file(path, "ENTRY")  # a file that is not an entry: one line, exit 2
+    if getattr(entry_obj, "kind", None) == "swap":
+        raise click.BadParameter(
+            f"{str(entry)!r}: a swap entry (stale weights after an in-place table swap: a bug in the engine's weight-update "
+            "path, not in its sampler); specfuzz drafts issues for finding, calibration and crash entries only (the entry's "
+            "extra.event holds the failed table check and the fresh start's)", param_hint="ENTRY")
     out = out_dir if out_dir is not None else Path("drafts") / path.stem
     if out_dir is None:
         why = writable_dir_problem(out)
