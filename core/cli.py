@@ -6,6 +6,7 @@ import json
 import math
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -19,12 +20,33 @@ console = Console()
 
 
 class _DefaultToFuzz(click.Group):
-    """``specfuzz --budget 2h`` means ``specfuzz fuzz --budget 2h``."""
+    """``specfuzz --budget 2h`` means ``specfuzz fuzz --budget 2h``.
+
+    Every command's exceptions get their exit status here (:mod:`specfuzz.exitcodes`):
+    one line on stderr, no traceback."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help", "--version")):
             args = ["fuzz", *args]
         return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        from specfuzz.exitcodes import for_exception
+
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.UsageError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to an exit status or re-raised
+            code = for_exception(exc)
+            if code is None:
+                raise
+            if isinstance(exc, click.ClickException):
+                msg = exc.format_message()
+            else:
+                msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            click.echo(f"error: {msg}", err=True)
+            raise click.exceptions.Exit(int(code)) from None
 
 
 @click.group(cls=_DefaultToFuzz, context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,10 +106,17 @@ def parse_settings(items: tuple[str, ...]) -> dict:
 @click.option("--batch", default=600, show_default=True, help="Requests per engine call (all patterns of a family mixed).")
 @click.option("--patterns", default=3, show_default=True, type=click.IntRange(1, 64),
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
+@click.option("--junit-xml", "junit_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JUnit XML report here: a failed test per new entry (its drafted ISSUE.md as text), a skipped one per known entry met again.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JSON report here (schema: docs/results-schema.json).")
 @click.option("--worker-index", default=0, hidden=True)
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, worker_index) -> None:
-    """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
+             dtype, work_dir, quiet, engine_settings, batch, patterns, junit_out, json_out, worker_index) -> None:
+    """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
+
+    Exit status: 0 nothing new (known entries met again included), 1 a new finding or
+    crash was stored, 2 bad input, 3 the engine could not start at all."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
 
@@ -126,18 +155,59 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns,
     )
+    from specfuzz.engines.availability import require_engine
+    from specfuzz.engines.isolation import EngineCrash
+    from specfuzz.errors import EngineUnavailable
+    from specfuzz.fuzz import outcome
+
+    t0 = time.monotonic()
+    try:
+        require_engine(engine)
+    except EngineUnavailable as exc:
+        _finish_campaign(engine, corpus_dir, None, [], str(exc), time.monotonic() - t0, junit_out, json_out)
+    before = outcome.snapshot(corpus_dir)
     display = None if quiet else LiveDisplay(cfg, console)
     campaign = Campaign(cfg, on_event=None if display is None else display.update)
+    error = None
     try:
         if display is not None:
             with display:
                 stats = campaign.run()
         else:
             stats = campaign.run()
+    except EngineCrash as exc:  # before any case ran: the engine's capabilities or version
+        stats, error = campaign.stats, str(exc)
     finally:
         for p in procs:
             p.wait()
     print_summary(console, cfg, stats, campaign.corpus, campaign.totals)
+    if worker_index:
+        return  # a helper worker: the first process reports for the campaign
+    met = outcome.met_since(corpus_dir, before)
+    error = error or outcome.engine_error(stats, engine, cfg.engine_kwargs, work_dir=work_dir, dtype=dtype,
+                                          settings=cfg.engine_settings)
+    _finish_campaign(engine, corpus_dir, stats, met, error, time.monotonic() - t0, junit_out, json_out, work_dir)
+
+
+def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, json_out, work_dir=None) -> None:
+    """Report what a campaign met (console, --junit-xml, --json) and end with its exit status."""
+    from specfuzz.exitcodes import finish, for_campaign
+    from specfuzz.fuzz.results import fuzz_results, write_reports
+
+    new = [m for m in met if m.new]
+    code = for_campaign(len(new), error)
+    if error:
+        click.echo(f"error: engine {engine} could not start: {error}", err=True)
+    elif new:
+        console.print(f"{len(new)} new corpus entries: " + ", ".join(m.path.name for m in new), highlight=False)
+    if junit_out or json_out:
+        # The engine's version record, as stored with what it met (no extra engine start).
+        info = next((dict(m.entry.engine) for m in met if m.entry.engine.get("version")), {"name": engine})
+        results = fuzz_results(engine=engine, engine_info=info, corpus=corpus_dir, stats=stats, met=met,
+                               seconds=seconds, exit_code=int(code), engine_error=error,
+                               drafts_dir=None if work_dir is None else Path(work_dir) / "drafts")
+        write_reports(results, json_path=json_out, junit_path=junit_out)
+    finish(code)
 
 
 @main.command("law")
@@ -477,13 +547,26 @@ def engine_for_entry(entry) -> tuple[str, dict]:
 @click.option("--seed", default=12345, show_default=True, help="Fresh samples: a seed the campaign did not use.")
 @click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--check", is_flag=True, help="Exit 1 if any entry still fails (a gate for a fixed engine).")
-def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> None:
-    """Re-run stored corpus entries (files or folders) and report which still fail."""
+@click.option("--junit-xml", "junit_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JUnit XML report here: a test per entry, failed while it still fails.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JSON report here (schema: docs/results-schema.json).")
+def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check, junit_out, json_out) -> None:
+    """Re-run stored corpus entries (files or folders) and report which still fail.
+
+    Exit status: 1 with --check when an entry still fails (or crashes); 3 when an
+    entry's engine could not start at all (its entries are not counted as failing);
+    2 bad input; else 0."""
     from specfuzz.case import Case
-    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.engines.availability import require_engine, start_error
+    from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
+    from specfuzz.errors import EngineUnavailable
+    from specfuzz.exitcodes import finish, for_replay
     from specfuzz.fuzz.corpus import Corpus, Entry
+    from specfuzz.fuzz.results import ReplayRow, replay_results, write_reports
     from specfuzz.fuzz.run import run_case
 
+    t0 = time.monotonic()
     items: list[tuple[Path, Entry]] = []
     for p in paths:
         if p.is_dir():
@@ -501,37 +584,68 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> 
     for col in ("entry", "engine", "stored", "now", "samples", "e-value", "attribution"):
         t.add_column(col)
     engines: dict[tuple, IsolatedEngine] = {}
-    still = 0
+    down: dict[tuple, str] = {}  # engines that cannot start here, with the reason
+    rows: list[ReplayRow] = []
+    row_keys: list[tuple] = []  # the engine key of each row
     try:
         for path, e in items:
             spec, kw = (engine, _engine_kwargs(engine, inject)) if engine else engine_for_entry(e)
             key = (spec, tuple(sorted(kw.items())))
-            if key not in engines:
-                engines[key] = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
+            label = spec + (f"+{kw['inject']}" if kw.get("inject") else "")
+            stored = f"{e.kind}/{e.label}"
+            t1 = time.monotonic()
+            if key not in engines and key not in down:
+                try:
+                    require_engine(spec)
+                    engines[key] = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
+                    engines[key].capabilities()
+                except (EngineUnavailable, EngineCrash) as exc:
+                    down[key] = str(exc)
+                    engines.pop(key, None)
+            row_keys.append(key)
+            if key in down:
+                rows.append(ReplayRow(path, e, label, "unavailable", down[key]))
+                t.add_row(path.name, label, stored, "engine could not start", "-", "-", "-")
+                continue
             eng = engines[key]
             case = Case.from_json(e.case)
             profile = eng.capabilities().profile
             run = run_case(eng, case, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
                            seed=seed, profile=profile, speculation=e.kind != "calibration")
-            label = spec + (f"+{kw['inject']}" if kw.get("inject") else "")
-            stored = f"{e.kind}/{e.label}"
             if run.crash is not None:
                 now, ev, attr = f"crash ({run.crash.kind})", "-", "-"
-                still += 1
+                detail = f"engine {run.crash.kind}: {run.crash.detail}"
             else:
                 j = run.judgement
                 now = "still fails" if j.failed else "passes"
-                still += int(j.failed)
                 ev = f"{j.verdict.e_value:.3g}"
                 attr = j.attribution.label if j.attribution else "-"
+                detail = j.verdict.evidence
+            rows.append(ReplayRow(path, e, label, now, detail, time.monotonic() - t1))
             t.add_row(path.name, label, stored, now, str(run.n), ev, attr)
     finally:
         for eng in engines.values():
             eng.close()
+    # An engine whose every entry crashed without one successful start: can it start at all?
+    for key, eng in engines.items():
+        mine = [i for i, k in enumerate(row_keys) if k == key]
+        if eng.starts == 0 and mine and all(rows[i].outcome.startswith("crash") for i in mine):
+            reason = start_error(key[0], dict(key[1]), work_dir=work_dir)
+            if reason:
+                for i in mine:
+                    r = rows[i]
+                    rows[i] = ReplayRow(r.path, r.entry, r.engine, "unavailable", reason, r.seconds)
     console.print(t)
+    still = sum(r.outcome not in ("passes", "unavailable") for r in rows)
+    unavailable = [r for r in rows if r.outcome == "unavailable"]
     console.print(f"{still} of {len(items)} entries still fail")
-    if check and still:
-        sys.exit(1)
+    for r in unavailable:
+        click.echo(f"error: {r.path.name}: engine {r.engine} could not start: {r.detail}", err=True)
+    code = for_replay(still, len(unavailable), check=check)
+    if junit_out or json_out:
+        results = replay_results(rows, engine=engine, seconds=time.monotonic() - t0, exit_code=int(code))
+        write_reports(results, json_path=json_out, junit_path=junit_out)
+    finish(code)
 
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
@@ -638,10 +752,12 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
 
 
 def _register_optional_commands() -> None:
+    from specfuzz.doctor import doctor_cmd
     from specfuzz.fuzz.triage_cli import draft_cmd, triage_cmd
 
     main.add_command(triage_cmd, "triage")
     main.add_command(draft_cmd, "draft")
+    main.add_command(doctor_cmd, "doctor")
 
 
 _register_optional_commands()

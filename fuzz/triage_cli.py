@@ -94,21 +94,32 @@ def _method_cell(case: dict) -> str:
 @click.command("triage")
 @click.argument("corpus_dir", default="corpus", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--rerun", is_flag=True, help="Re-confirm every entry on the installed engine and update its status in place.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema: docs/triage-schema.json).")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Machine-readable JSON (schema: docs/triage-schema.json) to FILE, or to standard output when FILE is omitted or '-'.")
+@click.option("--junit-xml", "junit_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JUnit XML report here: a test per entry (fixed: passed, flaky: skipped, open: failed).")
 @click.option("--samples", default=2000, show_default=True, help="--rerun: samples per re-run (fewer if it fails earlier).")
 @click.option("--alpha", default=1e-3, show_default=True, help="--rerun: level of each re-run's test.")
 @click.option("--seed", default=12345, show_default=True, help="--rerun: first request seed (fresh: not the campaign's).")
 @click.option("--engine", default=None, help="--rerun: run every entry on this engine instead of its own.")
 @click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
-def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha: float, seed: int,
-               engine: str | None, work_dir: Path) -> None:
+def triage_cmd(corpus_dir: Path, rerun: bool, json_out: str | None, junit_out: Path | None, samples: int, alpha: float,
+               seed: int, engine: str | None, work_dir: Path) -> None:
     """Group corpus entries by signature: engine, broken condition, effect size, evidence, status.
 
     Files in the folder that are not corpus entries (invalid JSON, another schema) are
-    listed as skipped and left untouched.
+    listed as skipped and left untouched. Exit status 0 (a report; entries that cannot
+    re-run are reported as such), 2 bad input.
     """
+    import time
+
     from specfuzz.fuzz.triage import Rerunner, rerun_corpus, triage
 
+    t0 = time.monotonic()
+    if json_out not in (None, "-") and Path(json_out).is_dir():
+        # `triage --json DIR` (the flag before the folder, as before --json took a FILE)
+        corpus_dir, json_out = Path(json_out), "-"
+    as_json = json_out == "-"
     err = Console(stderr=True)
     if not corpus_dir.is_dir():
         if as_json:
@@ -120,9 +131,18 @@ def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha
         with Rerunner(samples=samples, alpha=alpha, seed=seed, work_dir=work_dir, engine=engine,
                       log=lambda s: err.print(s, highlight=False)) as rr:
             rerun_corpus(report, rr)
+    if junit_out is not None:
+        from specfuzz.fuzz.results import triage_results, write_junit
+
+        write_junit(triage_results(report, time.monotonic() - t0), junit_out)
+    text = json.dumps(report.to_json(), indent=1, ensure_ascii=False, allow_nan=False)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False, allow_nan=False))
+        click.echo(text)
         return
+    if json_out is not None:
+        from specfuzz.fuzz.results import write_text
+
+        write_text(Path(json_out), text + "\n")
     render_triage(report, _console())
 
 
