@@ -124,3 +124,15 @@ class SlowEngine(ReferenceEngine):
     def generate(self, requests):
         time.sleep(60)
         return super().generate(requests)
+
+
+class NeverStartsEngine(ReferenceEngine):
+    """An engine that cannot start at all (a broken install, no device): every start raises."""
+
+    name = "never-starts"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def start(self, config: EngineConfig) -> None:
+        raise RuntimeError("no device: this engine cannot start here")
