@@ -132,6 +132,18 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         meth = ()
     else:
         meth = tuple(methods)
+    from specfuzz.engines.availability import require_engine
+    from specfuzz.engines.isolation import EngineCrash
+    from specfuzz.errors import EngineUnavailable
+    from specfuzz.fuzz import outcome
+
+    engine_kwargs = _engine_kwargs(engine, inject)
+    t0 = time.monotonic()
+    try:
+        require_engine(engine)
+    except EngineUnavailable as exc:
+        _finish_campaign(engine, corpus_dir, None, [], str(exc), time.monotonic() - t0, junit_out, json_out)
+    before = outcome.snapshot(corpus_dir)  # before any worker can store: what this campaign met is the difference
     procs = []
     if workers > 1 and worker_index == 0:
         import subprocess
@@ -150,22 +162,11 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         alpha = alpha / workers
     cfg = CampaignConfig(
-        engine=engine, engine_kwargs=_engine_kwargs(engine, inject), budget_s=budget_s, corpus_dir=corpus_dir,
+        engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns,
     )
-    from specfuzz.engines.availability import require_engine
-    from specfuzz.engines.isolation import EngineCrash
-    from specfuzz.errors import EngineUnavailable
-    from specfuzz.fuzz import outcome
-
-    t0 = time.monotonic()
-    try:
-        require_engine(engine)
-    except EngineUnavailable as exc:
-        _finish_campaign(engine, corpus_dir, None, [], str(exc), time.monotonic() - t0, junit_out, json_out)
-    before = outcome.snapshot(corpus_dir)
     display = None if quiet else LiveDisplay(cfg, console)
     campaign = Campaign(cfg, on_event=None if display is None else display.update)
     error = None
@@ -176,7 +177,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         else:
             stats = campaign.run()
     except EngineCrash as exc:  # before any case ran: the engine's capabilities or version
-        stats, error = campaign.stats, str(exc)
+        stats, error = campaign.stats, f"engine {engine!r} could not start: {exc}"
     finally:
         for p in procs:
             p.wait()
@@ -197,7 +198,7 @@ def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, 
     new = [m for m in met if m.new]
     code = for_campaign(len(new), error)
     if error:
-        click.echo(f"error: engine {engine} could not start: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
     elif new:
         console.print(f"{len(new)} new corpus entries: " + ", ".join(m.path.name for m in new), highlight=False)
     if junit_out or json_out:
@@ -296,6 +297,12 @@ def _store_regression(store_dir: Path, entry, ct, judgement) -> None:
     atomic_write_json(path, e.to_json())
 
 
+def _require_engine(engine: str) -> None:
+    from specfuzz.engines.availability import require_engine
+
+    require_engine(engine)
+
+
 def _engine_kwargs(engine: str, inject: str | None) -> dict:
     if inject is None:
         return {}
@@ -330,6 +337,7 @@ def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpu
     data = json.loads(case_file.read_text())
     case = Case.from_json(data.get("case", data))
     corpus = Corpus(corpus_dir)
+    _require_engine(engine)  # a missing engine package: exit 3, not a stored "crash"
     eng = IsolatedEngine(engine, _engine_kwargs(engine, inject), log_dir=work_dir / "logs")
     try:
         profile = eng.capabilities().profile
@@ -433,6 +441,7 @@ def calibrate_cmd(engine, samples, alpha, dtype, engine_settings, work_dir, json
     from specfuzz.oracle.judge import target_law_dict
 
     suite = calibration_suite()
+    _require_engine(engine)  # a missing engine package: exit 3, not a stored "crash"
     eng = IsolatedEngine(engine, {}, log_dir=work_dir / "logs")
     rows: list[dict] = []
     skipped: list[str] = []
@@ -599,8 +608,10 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check, jun
                     require_engine(spec)
                     engines[key] = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
                     engines[key].capabilities()
-                except (EngineUnavailable, EngineCrash) as exc:
+                except EngineUnavailable as exc:
                     down[key] = str(exc)
+                except EngineCrash as exc:
+                    down[key] = f"engine {label!r} could not start: {exc}"
                     engines.pop(key, None)
             row_keys.append(key)
             if key in down:
@@ -634,13 +645,14 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check, jun
             if reason:
                 for i in mine:
                     r = rows[i]
-                    rows[i] = ReplayRow(r.path, r.entry, r.engine, "unavailable", reason, r.seconds)
+                    rows[i] = ReplayRow(r.path, r.entry, r.engine, "unavailable",
+                                        f"engine {r.engine!r} could not start: {reason}", r.seconds)
     console.print(t)
     still = sum(r.outcome not in ("passes", "unavailable") for r in rows)
     unavailable = [r for r in rows if r.outcome == "unavailable"]
     console.print(f"{still} of {len(items)} entries still fail")
     for r in unavailable:
-        click.echo(f"error: {r.path.name}: engine {r.engine} could not start: {r.detail}", err=True)
+        click.echo(f"error: {r.path.name}: {r.detail}", err=True)
     code = for_replay(still, len(unavailable), check=check)
     if junit_out or json_out:
         results = replay_results(rows, engine=engine, seconds=time.monotonic() - t0, exit_code=int(code))
@@ -685,6 +697,7 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     budget_s = parse_budget(budget)
     dtype, settings = entry_dtype(entry), entry_settings(entry) or None
     case = Case.from_json(entry.case)
+    _require_engine(spec)  # a missing engine package: exit 3, not a stored "crash"
     eng = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
     prev_term = None
     try:

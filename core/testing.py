@@ -73,7 +73,7 @@ class FuzzReport:
             ("every method" if self.methods is None else ", ".join(self.methods))
         head = f"specfuzz on {self.engine} [{what}], {self.seconds:.0f} s of {self.budget_s:.0f} s"
         if self.engine_error:
-            return f"{head}: the engine could not start: {self.engine_error}"
+            return f"{head}: {self.engine_error}"
         s = self.stats
         lines = [f"{head}: {s.cases} families, {s.patterns} request patterns, {s.samples:,} samples, "
                  f"{s.engine_starts} engine starts; {len(self.unexpected)} unexpected, {len(self.expected_met)} expected"]
@@ -86,7 +86,7 @@ class FuzzReport:
         """What a failing test shows: why the engine did not start, or every unexpected
         finding's drafted issue (its evidence when drafting was off)."""
         if self.engine_error:
-            return f"specfuzz: engine {self.engine} could not start: {self.engine_error}"
+            return f"specfuzz: {self.engine_error}"
         if not self.unexpected:
             return ""
         parts = [f"specfuzz: {len(self.unexpected)} unexpected entr{'y' if len(self.unexpected) == 1 else 'ies'} "
@@ -189,7 +189,7 @@ def fuzz_engine(
     try:
         stats = campaign.run()
     except EngineCrash as exc:  # before any case ran: its capabilities or version
-        stats, error = campaign.stats, str(exc)
+        stats, error = campaign.stats, f"engine {engine!r} could not start: {exc}"
     met = outcome.met_since(corpus_dir, before)
     error = error or outcome.engine_error(stats, engine, kwargs, work_dir=work, dtype=dtype,
                                           settings=cfg.engine_settings)

@@ -60,8 +60,8 @@ def require_engine(engine: str) -> None:
     missing = missing_packages(engine)
     if missing:
         raise EngineUnavailable(
-            f"engine {engine!r} cannot start here: package {', '.join(repr(m) for m in missing)} is not importable "
-            f"({INSTALL_HINTS.get(engine, 'install it')}); `specfuzz doctor` lists the engines that are")
+            f"engine {engine!r} could not start: package {', '.join(repr(m) for m in missing)} is not importable "
+            f"({INSTALL_HINTS.get(engine, 'install it')}); `specfuzz doctor` lists the engines that can run here")
 
 
 @dataclass(frozen=True)

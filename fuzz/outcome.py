@@ -139,10 +139,12 @@ def draft_text(met: Met, drafts_dir: Path | str | None = None) -> str:
 
 def engine_error(stats, engine: str, engine_kwargs: Mapping, *, work_dir: Path, dtype: str,
                  settings: Mapping | None) -> str | None:
-    """After a run in which no engine start succeeded and the engine crashed: why the
-    engine cannot start at all, or None when it does start (the crashes were findings)."""
+    """After a run in which no engine start succeeded and the engine crashed: a sentence
+    saying why the engine cannot start at all, or None when it does start (the crashes
+    were findings)."""
     if stats.engine_starts > 0 or stats.samples > 0 or stats.crashes == 0:
         return None
     from specfuzz.engines.availability import start_error
 
-    return start_error(engine, engine_kwargs, work_dir=work_dir, dtype=dtype, settings=settings)
+    reason = start_error(engine, engine_kwargs, work_dir=work_dir, dtype=dtype, settings=settings)
+    return None if reason is None else f"engine {engine!r} could not start: {reason}"

@@ -233,7 +233,7 @@ def fuzz_results(*, engine: str, engine_info: Mapping[str, Any], corpus: Path | 
                                     text=m.entry.evidence, properties={"method": m.method}))
     new = sum(bool(m.new) for m in met)
     if engine_error:
-        summary = f"engine {engine} could not start: {engine_error}"
+        summary = engine_error
         cases.append(CaseResult("campaign", classname, "error", seconds, message=summary[:300], text=engine_error,
                                 type="specfuzz.engine_unavailable"))
     else:
@@ -266,7 +266,7 @@ def replay_results(rows: Sequence[ReplayRow], *, engine: str | None, seconds: fl
                                     message=f"no longer fails ({stored}): {r.detail}"))
         elif r.outcome == "unavailable":
             cases.append(entry_case(classname, r.path, r.entry, "error", seconds=r.seconds, type="specfuzz.engine_unavailable",
-                                    message=f"engine {r.engine} could not start", text=r.detail))
+                                    message=r.detail[:300], text=r.detail))
         else:
             cases.append(entry_case(classname, r.path, r.entry, "failed", seconds=r.seconds, type="specfuzz.still_fails",
                                     message=f"{r.outcome} ({stored}): {r.detail}"[:300],
