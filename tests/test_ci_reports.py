@@ -35,7 +35,7 @@ def test_fuzz_exits_1_on_a_new_finding_with_its_draft_in_junit_and_json_then_0_w
     # N6 on ngram: the campaign's first (simplest) family already shows it, whatever the machine's speed.
     args = ["fuzz", "--inject", "N6", "--method", "ngram", "--corpus", str(corpus), "--work-dir", str(work),
             "--quiet", "--seed", "0"]
-    res = run_cli(args + ["--budget", "3s", "--junit-xml", "r1.xml", "--json", "r1.json"], tmp_path)
+    res = run_cli(args + ["--budget", "6s", "--junit-xml", "r1.xml", "--json", "r1.json"], tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     doc, data = valid_junit(tmp_path / "r1.xml"), valid_json(tmp_path / "r1.json")
     new = [r for r in data["results"] if r["new"]]
@@ -49,7 +49,7 @@ def test_fuzz_exits_1_on_a_new_finding_with_its_draft_in_junit_and_json_then_0_w
     assert junit_cases(doc)["campaign"].find("failure") is None
     # The same campaign resumed (its Hypothesis database replays the failure first): the
     # known entry is met again, not new, so the exit status is 0.
-    res = run_cli(args + ["--budget", "2s", "--junit-xml", "r2.xml", "--json", "r2.json"], tmp_path)
+    res = run_cli(args + ["--budget", "4s", "--junit-xml", "r2.xml", "--json", "r2.json"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     data = valid_json(tmp_path / "r2.json")
     known = junit_cases(valid_junit(tmp_path / "r2.xml"))[new[0]["name"]].find("skipped")
