@@ -19,7 +19,8 @@ is shared: each item gets what is left divided by the items still to run. An ite
   signature with ``--specfuzz-expect``, the ini option ``specfuzz_expect``, or every open
   entry of a corpus folder with ``--specfuzz-expect-from``); with ``--runxfail`` nothing
   is expected;
-- fails when the engine could not start at all;
+- fails when the engine could not start at all, or when its slice ended before one case
+  family ran (a budget too small for the engine's start: a pass would prove nothing);
 - passes otherwise.
 """
 

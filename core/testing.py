@@ -64,9 +64,15 @@ class FuzzReport:
         return tuple(f for f in self.findings if f.expected)
 
     @property
+    def ran(self) -> bool:
+        """At least one case family ran (a slice too short for the engine's start runs none)."""
+        return self.stats is not None and self.stats.cases > 0
+
+    @property
     def ok(self) -> bool:
-        """The engine ran and nothing it did is unexpected."""
-        return self.engine_error is None and not self.unexpected
+        """The engine ran cases and nothing it did is unexpected (a slice that ran nothing
+        proves nothing, so it is not ok either)."""
+        return self.engine_error is None and self.ran and not self.unexpected
 
     def summary(self) -> str:
         what = "calibration (speculation off)" if self.methods == () else \
@@ -87,6 +93,9 @@ class FuzzReport:
         finding's drafted issue (its evidence when drafting was off)."""
         if self.engine_error:
             return f"specfuzz: {self.engine_error}"
+        if not self.unexpected and not self.ran:
+            return (f"specfuzz: no case ran on {self.engine} in {self.seconds:.0f} s (budget {self.budget_s:.0f} s): "
+                    f"the engine did not finish one case family in time; raise the budget")
         if not self.unexpected:
             return ""
         parts = [f"specfuzz: {len(self.unexpected)} unexpected entr{'y' if len(self.unexpected) == 1 else 'ies'} "

