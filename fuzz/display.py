@@ -32,7 +32,8 @@ def _stats_table(cfg, stats) -> Table:
     t.add_row("samples", f"{stats.samples:,}")
     t.add_row("findings", f"{stats.findings_new} new, {stats.findings_updated} seen again")
     t.add_row("crashes", str(stats.crashes))
-    t.add_row("engine starts", str(stats.engine_starts))
+    t.add_row("engine starts", f"{stats.engine_starts}, {getattr(stats, 'swaps', 0)} table swaps"
+              + (f" ({stats.swap_fallbacks} fell back to a start)" if getattr(stats, "swap_fallbacks", 0) else ""))
     t.add_row("searches", str(stats.searches))
     return t
 
@@ -60,10 +61,27 @@ class LiveDisplay:
         self.live.__exit__(*exc)
 
 
+def engine_time_table(engine: str, eng: dict, wall: float, workers: int = 1) -> Table:
+    """Per engine: starts, swaps, families, and the share of wall time spent starting,
+    swapping, sampling, shrinking and on everything else (oracle, Hypothesis); families per
+    minute of campaign time (``workers`` processes running side by side add up)."""
+    sec = eng.get("seconds", {})
+    total = sum(sec.values()) or wall or 1.0
+    who = f", {workers} workers" if workers > 1 else ""
+    t = Table(title=f"engine {engine}: where the time went ({total:.0f} s over every run{who})")
+    for col in ("starts", "swaps", "families", "fam/min", "start", "swap", "sample", "shrink", "other"):
+        t.add_column(col, justify="right")
+    share = [f"{100 * sec.get(k, 0.0) / total:.0f}%" for k in ("start", "swap", "sample", "shrink", "other")]
+    fpm = 60 * eng.get("families", 0) * workers / total
+    t.add_row(str(eng.get("starts", 0)), str(eng.get("swaps", 0)), str(eng.get("families", 0)), f"{fpm:.1f}", *share)
+    return t
+
+
 def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | None = None) -> None:
     console.print(Panel(_stats_table(cfg, stats), title="specfuzz campaign summary"))
     if totals and totals.get("methods"):
-        t = Table(title=f"campaign totals over {totals.get('runs', 1)} run(s), {totals.get('seconds', 0):.0f} s (resumed runs add up)")
+        who = f" of {totals['workers']} workers" if totals.get("workers", 1) > 1 else ""
+        t = Table(title=f"campaign totals over {totals.get('runs', 1)} run(s){who}, {totals.get('seconds', 0):.0f} s (resumed runs add up)")
         for col in ("method", "families", "patterns", "samples", "variants (families)"):
             t.add_column(col)
         for m, row in sorted(totals["methods"].items()):
@@ -71,6 +89,9 @@ def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | N
             t.add_row(m, str(row["families"]), str(row["patterns"]), str(row["samples"]),
                       ", ".join(f"{k} {n}" for k, n in sorted(var.items())))
         console.print(t)
+    eng = (totals or {}).get("engine")
+    if eng and eng.get("families"):
+        console.print(engine_time_table(cfg.engine, eng, totals.get("seconds", 0.0), int(totals.get("workers", 1))))
     entries = [(p, e) for p, e in corpus.entries() if isinstance(e, Entry) and p.name in stats.stored]
     if entries:
         t = Table(title="stored this campaign")
