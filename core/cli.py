@@ -205,7 +205,7 @@ def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, 
     from specfuzz.exitcodes import finish, for_campaign
     from specfuzz.fuzz.results import fuzz_results, write_reports
 
-    new = [m for m in met if m.new]
+    new = [m for m in met if m.is_new_bug]
     code = for_campaign(len(new), error)
     if error:
         click.echo(f"error: {error}", err=True)

@@ -47,7 +47,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--specfuzz-method", action="append", default=[], metavar="METHOD",
                 help="Only these methods (repeatable); 'none' = the calibration item. Default: calibration and every method the engine supports.")
     g.addoption("--specfuzz-corpus", default=None, metavar="DIR",
-                help="Campaign corpus (resumed if it holds one). Default: specfuzz/corpus in pytest's cache folder.")
+                help="Campaign corpus (resumed if it holds one). Default: specfuzz-corpus in pytest's cache folder.")
     g.addoption("--specfuzz-expect", action="append", default=[], metavar="SIGNATURE",
                 help="A known open bug (signature, or entry file name/path): met again, the item xfails instead of failing (repeatable).")
     g.addoption("--specfuzz-expect-from", action="append", default=[], metavar="DIR",
@@ -60,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--specfuzz-samples", default=1000, type=int, help="Samples per request pattern (default 1000).")
     g.addoption("--specfuzz-max-vocab", default=5, type=int, help="Largest vocabulary drawn (default 5).")
     g.addoption("--specfuzz-work-dir", default=None, metavar="DIR",
-                help="Checkpoints and engine logs. Default: specfuzz/work in pytest's cache folder.")
+                help="Checkpoints, engine logs and drafts. Default: specfuzz-work in pytest's cache folder.")
     parser.addini("specfuzz_expect", type="linelist", default=[],
                   help="Signatures of known open bugs: met again, specfuzz items xfail instead of failing.")
 
@@ -68,12 +68,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a specfuzz campaign slice (added by --specfuzz-engine)")
     if config.getoption("specfuzz_engine"):
+        import click
+
         from specfuzz.errors import SpecfuzzError
 
         try:
             config.stash[_PLAN] = _Plan(config)
         except SpecfuzzError as exc:  # a bad option value: one line, pytest's usage error
             raise pytest.UsageError(f"specfuzz: {exc}") from None
+        except click.BadParameter as exc:  # --specfuzz-setting not KEY=VALUE
+            raise pytest.UsageError(f"specfuzz: {exc.format_message()}") from None
 
 
 class SpecfuzzFailure(Exception):
@@ -85,7 +89,8 @@ class _Plan:
 
     def __init__(self, config: pytest.Config) -> None:
         from specfuzz.cli import parse_settings
-        from specfuzz.fuzz.outcome import open_signatures, read_signatures
+        from specfuzz.errors import InvalidInput
+        from specfuzz.fuzz.outcome import read_signatures
         from specfuzz.testing import parse_budget
 
         opt = config.getoption
@@ -98,8 +103,10 @@ class _Plan:
         self.max_vocab: int = opt("specfuzz_max_vocab")
         self.settings = parse_settings(tuple(opt("specfuzz_setting")))
         self.expected = read_signatures(list(opt("specfuzz_expect")) + list(config.getini("specfuzz_expect")))
-        for d in opt("specfuzz_expect_from"):
-            self.expected |= open_signatures(d)
+        self.expected_from = [Path(d) for d in opt("specfuzz_expect_from")]
+        for d in self.expected_from:
+            if not d.is_dir():
+                raise InvalidInput("--specfuzz-expect-from", str(d), "an existing corpus folder")
         self.corpus = Path(opt("specfuzz_corpus") or self._cache_dir(config, "corpus"))
         self.work_dir = Path(opt("specfuzz_work_dir") or self._cache_dir(config, "work"))
         self.spent = 0.0
@@ -174,6 +181,7 @@ class SpecfuzzItem(pytest.Item):
             report = fuzz_engine(
                 plan.engine, budget=slice_s, methods="none" if self.method == CALIBRATION else [self.method],
                 corpus=plan.corpus, expected=() if self.config.getoption("runxfail") else plan.expected,
+                expected_from=() if self.config.getoption("runxfail") else plan.expected_from,
                 inject=plan.inject, seed=plan.seed, samples=plan.samples, max_vocab=plan.max_vocab,
                 engine_settings=plan.settings, work_dir=plan.work_dir)
         finally:

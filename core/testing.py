@@ -40,7 +40,7 @@ class Finding:
     evidence: str
     path: Path  # the corpus entry
     new: bool  # stored by this run (False: already in the corpus, met again)
-    expected: bool  # its signature was marked expected
+    expected: bool  # marked expected (its signature, or a crash: the crash of an expected entry)
     issue: str = ""  # the drafted ISSUE.md (for unexpected findings, when drafting was on)
 
 
@@ -84,7 +84,7 @@ class FuzzReport:
         lines = [f"{head}: {s.cases} families, {s.patterns} request patterns, {s.samples:,} samples, "
                  f"{s.engine_starts} engine starts; {len(self.unexpected)} unexpected, {len(self.expected_met)} expected"]
         for f in self.findings:
-            mark = "expected" if f.expected else ("NEW" if f.new else "known, not marked expected")
+            mark = "expected" if f.expected else ("new" if f.new else "known, not marked expected")
             lines.append(f"  {f.path.name} [{mark}] {f.title}"[:240])
         return "\n".join(lines)
 
@@ -145,6 +145,7 @@ def fuzz_engine(
     methods: str | Sequence[str] | None = None,
     corpus: Path | str | None = None,
     expected: Iterable[str] = (),
+    expected_from: Iterable[Path | str] = (),
     inject: str | None = None,
     seed: int = 0,
     samples: int = 1000,
@@ -164,7 +165,9 @@ def fuzz_engine(
     a calibration campaign with speculation off). ``corpus``: the campaign's corpus
     folder (resumed if it holds a campaign; default: a new temporary folder).
     ``expected``: signatures (or entry file names/paths) of known open bugs: met again,
-    they do not make the report fail. ``inject``: a catalogued bug for the reference
+    they do not make the report fail; ``expected_from``: corpus folders whose open entries
+    are all expected. A crash met under other settings than an expected crash entry (a new
+    signature, the same crash kind and message) is expected too. ``inject``: a catalogued bug for the reference
     engine (N1..N7). ``draft``: draft each unexpected finding (``ISSUE.md``, ``plot.png``, ``repro.py`` under
     ``<work_dir>/drafts/<entry>/``; its ISSUE.md is the failure text).
     Bad arguments raise :class:`specfuzz.errors.InvalidInput`; an engine that cannot
@@ -182,6 +185,12 @@ def fuzz_engine(
     corpus_dir = Path(corpus) if corpus is not None else Path(tempfile.mkdtemp(prefix="specfuzz-corpus-"))
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="specfuzz-work-"))
     want = outcome.read_signatures(expected)
+    expected_from = [Path(d) for d in expected_from]
+    for d in expected_from:
+        if not d.is_dir():
+            raise InvalidInput("expected_from", str(d), "an existing corpus folder")
+        want |= outcome.open_signatures(d)
+    crashes = outcome.expected_crashes(want, corpus_dir, *expected_from)
     kwargs = {"inject": inject} if inject else {}
     t0 = time.monotonic()
     try:
@@ -204,7 +213,7 @@ def fuzz_engine(
                                           settings=cfg.engine_settings)
     findings = []
     for m in met:
-        is_expected = m.signature in want
+        is_expected = outcome.is_expected(m, want, crashes)
         findings.append(Finding(m.signature, m.kind, m.method, m.title, m.entry.evidence, m.path, m.new, is_expected,
                                 outcome.draft_text(m, work / "drafts") if draft and not is_expected else ""))
     return FuzzReport(engine, meth, corpus_dir, budget_s, time.monotonic() - t0, stats, tuple(findings), error)

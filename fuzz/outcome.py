@@ -8,7 +8,10 @@ corpus and whatever the campaign's internals do.
 
 CI decisions made from that:
 
-- ``specfuzz fuzz`` exits 1 when a met entry is new (the corpus is the baseline);
+- ``specfuzz fuzz`` exits 1 when a met entry is new (the corpus is the baseline). A crash
+  stored under a new signature (other sampling features in play) whose crash is already
+  stored, the same kind and message, numbers aside, is the same bug: the campaign does not
+  shrink it again, and it is not new here either (``Met.same_as``);
 - the pytest plugin and :func:`specfuzz.testing.fuzz_engine` fail on every met entry
   whose signature is not marked *expected* (known open bugs marked by signature xfail);
 - when no engine start succeeded and the engine crashed, :func:`engine_error` asks the
@@ -19,6 +22,7 @@ CI decisions made from that:
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +40,34 @@ class Seen:
 
     times_seen: int
     last_seen: str
+    crash: str | None = None  # crash_identity
+
+
+def crash_identity(entry: Entry) -> str | None:
+    """What makes two crash entries the same bug: crash kind and message, numbers aside
+    (the rule the campaign shrinks crashes by); None for other kinds."""
+    if entry.kind != "crash":
+        return None
+    ev = entry.evidence
+    detail = ev.split(": ", 1)[1] if ev.startswith("engine ") and ": " in ev else ev
+    return f"{entry.engine.get('name')}:{entry.extra.get('crash_kind')}:{re.sub(r'[0-9]+', '#', detail)[:160]}"
 
 
 @dataclass(frozen=True)
 class Met:
-    """A corpus entry a run stored (``new``) or met again."""
+    """A corpus entry a run stored (``new``) or met again. ``same_as``: for a crash stored
+    under a new signature, the file name of an entry stored before the run with the same
+    crash (:func:`crash_identity`)."""
 
     path: Path
     entry: Entry
     new: bool
+    same_as: str | None = None
+
+    @property
+    def is_new_bug(self) -> bool:
+        """A new entry that is not a known crash met under other settings."""
+        return self.new and self.same_as is None
 
     @property
     def signature(self) -> str:
@@ -75,20 +98,21 @@ def snapshot(corpus_dir: Path | str) -> dict[str, Seen]:
     out = {}
     for path, e in Corpus(root).entries():
         if isinstance(e, Entry):
-            out[str(path.relative_to(root))] = Seen(e.times_seen, e.last_seen)
+            out[str(path.relative_to(root))] = Seen(e.times_seen, e.last_seen, crash_identity(e))
     return out
 
 
 def met_since(corpus_dir: Path | str, before: Mapping[str, Seen]) -> list[Met]:
     """Entries new since ``before`` or marked seen again since, in file order."""
     root = Path(corpus_dir)
+    crashes = {s.crash: name for name, s in before.items() if s.crash}
     out = []
     for path, e in Corpus(root).entries():
         if not isinstance(e, Entry):
             continue
         old = before.get(str(path.relative_to(root)))
         if old is None:
-            out.append(Met(path, e, True))
+            out.append(Met(path, e, True, crashes.get(crash_identity(e))))
         elif (e.times_seen, e.last_seen) != (old.times_seen, old.last_seen):
             out.append(Met(path, e, False))
     return out
@@ -97,6 +121,22 @@ def met_since(corpus_dir: Path | str, before: Mapping[str, Seen]) -> list[Met]:
 def open_signatures(corpus_dir: Path | str) -> set[str]:
     """Signatures of the open entries of a corpus (every status but "fixed")."""
     return {e.signature for _, e in Corpus(Path(corpus_dir)).entries() if isinstance(e, Entry) and e.status != FIXED}
+
+
+def expected_crashes(signatures: set[str], *corpus_dirs: Path | str) -> set[str]:
+    """Crash identities of the expected crash entries found in these corpus folders: a
+    crash met under other settings (a new signature) is the same expected bug."""
+    out = set()
+    for d in corpus_dirs:
+        for _, e in Corpus(Path(d)).entries():
+            if isinstance(e, Entry) and e.signature in signatures and crash_identity(e):
+                out.add(crash_identity(e))
+    return out
+
+
+def is_expected(met: Met, signatures: set[str], crashes: set[str]) -> bool:
+    """Marked expected: by its signature, or (a crash) by the crash of an expected entry."""
+    return met.signature in signatures or (crash_identity(met.entry) or "") in crashes
 
 
 def read_signatures(items: Iterable[str]) -> set[str]:

