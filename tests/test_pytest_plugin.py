@@ -30,7 +30,7 @@ N6_NGRAM = [signature("finding", "reference+N6", {"spec": {"method": "ngram", "v
             for v in ("token", "block")]
 # A vLLM start on 2 otherwise idle CPU cores takes 25-40 s: the slice must fit one family
 # (start + samples). On a busy machine set SPECFUZZ_TEST_VLLM_BUDGET (e.g. 180s).
-VLLM_BUDGET = os.environ.get("SPECFUZZ_TEST_VLLM_BUDGET", "75s")
+VLLM_BUDGET = os.environ.get("SPECFUZZ_TEST_VLLM_BUDGET", "60s")
 
 
 def run_pytest(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
