@@ -22,7 +22,7 @@ import click
 
 # Engines probed when none is named.
 DEFAULT_ENGINES = ("reference", "hf", "vllm", "sglang")
-# Files the installed package must carry (package, resource).
+# Files the installed package must carry (package, resource), besides the repro templates.
 PACKAGE_FILES = (("specfuzz.schemas", "results-schema.json"), ("specfuzz.schemas", "triage-schema.json"))
 
 
@@ -31,6 +31,11 @@ def install_problems() -> list[str]:
     from importlib.resources import files
 
     missing = []
+    try:
+        if not any(p.name.endswith(".py") and p.name != "__init__.py" for p in files("specfuzz.fuzz.draft.templates").iterdir()):
+            missing.append("specfuzz.fuzz.draft.templates/*.py")
+    except (ModuleNotFoundError, FileNotFoundError):
+        missing.append("specfuzz.fuzz.draft.templates/*.py")
     for package, name in PACKAGE_FILES:
         try:
             ok = (files(package) / name).is_file()
