@@ -133,7 +133,8 @@ def venv(tmp_path_factory) -> Venv:
 def test_wheel_installed_outside_the_tree_runs_doctor_a_30_second_campaign_and_the_plugin(venv, tmp_path):
     names = zipfile.ZipFile(venv.wheel).namelist()
     for need in ("specfuzz/schemas/results-schema.json", "specfuzz/schemas/triage-schema.json",
-                 "specfuzz/pytest_plugin.py", "specfuzz/testing.py", "specfuzz/fuzz/draft.py"):
+                 "specfuzz/pytest_plugin.py", "specfuzz/testing.py", "specfuzz/fuzz/draft/__init__.py",
+                 "specfuzz/fuzz/draft/templates/repro_vllm.py"):
         assert need in names, need
     meta = zipfile.ZipFile(venv.wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "specfuzz = specfuzz.cli:run" in meta and "specfuzz = specfuzz.pytest_plugin" in meta
