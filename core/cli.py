@@ -6,6 +6,7 @@ import json
 import math
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -22,7 +23,8 @@ console = Console()
 
 
 class _DefaultToFuzz(OneLineErrors):
-    """``specfuzz --budget 2h`` means ``specfuzz fuzz --budget 2h``; errors are one line (cli_input)."""
+    """``specfuzz --budget 2h`` means ``specfuzz fuzz --budget 2h``; errors are one line
+    (cli_input) with the exit status of :mod:`specfuzz.exitcodes`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help", "--version")):
@@ -105,10 +107,18 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @click.option("--reset-state", is_flag=True,
               help="Start a fresh campaign state (α spending, totals, Hypothesis database kept): the old state file, "
                    "damaged or not, is kept beside it under a new name. Needed to go on after the state file was damaged.")
+@click.option("--junit-xml", "junit_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JUnit XML report here: a failed test per new entry (its drafted ISSUE.md as text), a skipped one per known entry met again.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JSON report here (schema: docs/results-schema.json).")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, reset_state, worker_index) -> None:
-    """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, reset_state, junit_out, json_out,
+             worker_index) -> None:
+    """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
+
+    Exit status: 0 nothing new (known entries met again included), 1 a new finding or
+    crash was stored, 2 bad input, 3 the engine could not start at all."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
 
@@ -125,6 +135,17 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         meth = tuple(dict.fromkeys(methods))
     engine_kwargs = _engine_kwargs(engine, inject)
     parse_settings(engine_settings)  # a bad KEY=VALUE is refused here
+    from specfuzz.engines.availability import require_engine
+    from specfuzz.engines.isolation import EngineCrash
+    from specfuzz.errors import EngineUnavailable
+    from specfuzz.fuzz import outcome
+
+    t0 = time.monotonic()
+    try:
+        require_engine(engine)
+    except EngineUnavailable as exc:
+        _finish_campaign(engine, corpus_dir, None, [], str(exc), time.monotonic() - t0, junit_out, json_out)
+    before = outcome.snapshot(corpus_dir)  # before any worker can store: what this campaign met is the difference
     if workers > 1:
         # N campaign processes on one device: split its memory between their engines.
         engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings).items())
@@ -147,6 +168,10 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     campaign = Campaign(cfg, on_event=on_event)  # refuses a damaged campaign state (InvalidInput)
     try:
         _check_methods(campaign.engine.capabilities(), meth, max_vocab)
+    except EngineCrash as exc:  # the engine does not even say what it supports
+        campaign.engine.close()
+        _finish_campaign(engine, corpus_dir, None, [], f"engine {engine!r} could not start: {exc}",
+                         time.monotonic() - t0, junit_out, json_out)
     except BaseException:
         campaign.engine.close()
         raise
@@ -169,12 +194,15 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                 cmd += ["--engine-setting", kv]
             cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+    error = None
     try:
         if display is not None:
             with display:
                 stats = campaign.run()
         else:
             stats = campaign.run()
+    except EngineCrash as exc:  # before any case ran: the engine's capabilities or version
+        stats, error = campaign.stats, f"engine {engine!r} could not start: {exc}"
     finally:
         for p in procs:
             p.wait()
@@ -188,6 +216,33 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         # Every case was refused: a setting the engine does not take, not an empty search space.
         raise click.UsageError(f"the engine refused every case ({refusals[-1].split(':', 1)[1].strip()}); "
                                "check --engine-setting and --dtype")
+    if worker_index:
+        return  # a helper worker: the first process reports for the campaign
+    met = outcome.met_since(corpus_dir, before)
+    error = error or outcome.engine_error(stats, engine, cfg.engine_kwargs, work_dir=work_dir, dtype=dtype,
+                                          settings=cfg.engine_settings)
+    _finish_campaign(engine, corpus_dir, stats, met, error, time.monotonic() - t0, junit_out, json_out, work_dir)
+
+
+def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, json_out, work_dir=None) -> None:
+    """Report what a campaign met (console, --junit-xml, --json) and end with its exit status."""
+    from specfuzz.exitcodes import finish, for_campaign
+    from specfuzz.fuzz.results import fuzz_results, write_reports
+
+    new = [m for m in met if m.is_new_bug]
+    code = for_campaign(len(new), error)
+    if error:
+        click.echo(f"error: {error}", err=True)
+    elif new:
+        console.print(f"{len(new)} new corpus entries: " + ", ".join(m.path.name for m in new), highlight=False)
+    if junit_out or json_out:
+        # The engine's version record, as stored with what it met (no extra engine start).
+        info = next((dict(m.entry.engine) for m in met if m.entry.engine.get("version")), {"name": engine})
+        results = fuzz_results(engine=engine, engine_info=info, corpus=corpus_dir, stats=stats, met=met,
+                               seconds=seconds, exit_code=int(code), engine_error=error,
+                               drafts_dir=None if work_dir is None else Path(work_dir) / "drafts")
+        write_reports(results, json_path=json_out, junit_path=junit_out)
+    finish(code)
 
 
 # Each campaign process runs up to this many engines at once (searching, speculation-off
@@ -303,6 +358,12 @@ def _store_regression(store_dir: Path, entry, ct, judgement) -> None:
     atomic_write_json(path, e.to_json())
 
 
+def _require_engine(engine: str) -> None:
+    from specfuzz.engines.availability import require_engine
+
+    require_engine(engine)
+
+
 def _engine_kwargs(engine: str, inject: str | None) -> dict:
     if inject is None:
         return {}
@@ -335,6 +396,7 @@ def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpu
 
     case = read_case_file(case_file)
     corpus = Corpus(corpus_dir)
+    _require_engine(engine)  # a missing engine package: exit 3, not a stored "crash"
     eng = IsolatedEngine(engine, _engine_kwargs(engine, inject), log_dir=work_dir / "logs")
     try:
         profile = eng.capabilities().profile
@@ -441,6 +503,7 @@ def calibrate_cmd(engine, samples, alpha, dtype, engine_settings, work_dir, json
     if json_out is not None:
         check_writable_file(json_out, "--json")
     suite = calibration_suite()
+    _require_engine(engine)  # a missing engine package: exit 3, not a stored "crash"
     eng = IsolatedEngine(engine, {}, log_dir=work_dir / "logs")
     rows: list[dict] = []
     skipped: list[str] = []
@@ -556,14 +619,27 @@ def engine_for_entry(entry) -> tuple[str, dict]:
 @click.option("--seed", default=12345, show_default=True, type=SEED, help="Fresh samples: a seed the campaign did not use.")
 @click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
 @click.option("--check", is_flag=True, help="Exit 1 if any entry still fails (a gate for a fixed engine).")
-def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> None:
-    """Re-run stored corpus entries (files or folders) and report which still fail."""
+@click.option("--junit-xml", "junit_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JUnit XML report here: a test per entry, failed while it still fails.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JSON report here (schema: docs/results-schema.json).")
+def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check, junit_out, json_out) -> None:
+    """Re-run stored corpus entries (files or folders) and report which still fail.
+
+    Exit status: 1 with --check when an entry still fails (or crashes); 3 when an
+    entry's engine could not start at all (its entries are not counted as failing);
+    2 bad input; else 0."""
     from specfuzz.case import Case
+    from specfuzz.engines.availability import require_engine, start_error
+    from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
+    from specfuzz.errors import EngineUnavailable
+    from specfuzz.exitcodes import finish, for_replay
     from specfuzz.cli_input import entry_problem
-    from specfuzz.engines.isolation import IsolatedEngine
     from specfuzz.fuzz.corpus import Corpus, Entry
+    from specfuzz.fuzz.results import ReplayRow, replay_results, write_reports
     from specfuzz.fuzz.run import run_case
 
+    t0 = time.monotonic()
     items: list[tuple[Path, Entry]] = []
     skipped: list[str] = []
     for p in paths:
@@ -590,37 +666,71 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> 
     for col in ("entry", "engine", "stored", "now", "samples", "e-value", "attribution"):
         t.add_column(col)
     engines: dict[tuple, IsolatedEngine] = {}
-    still = 0
+    down: dict[tuple, str] = {}  # engines that cannot start here, with the reason
+    rows: list[ReplayRow] = []
+    row_keys: list[tuple] = []  # the engine key of each row
     try:
         for path, e in items:
             spec, kw = specs[path]
             key = (spec, tuple(sorted(kw.items())))
-            if key not in engines:
-                engines[key] = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
+            label = spec + (f"+{kw['inject']}" if kw.get("inject") else "")
+            stored = f"{e.kind}/{e.label}"
+            t1 = time.monotonic()
+            if key not in engines and key not in down:
+                try:
+                    require_engine(spec)
+                    engines[key] = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
+                    engines[key].capabilities()
+                except EngineUnavailable as exc:
+                    down[key] = str(exc)
+                except EngineCrash as exc:
+                    down[key] = f"engine {label!r} could not start: {exc}"
+                    engines.pop(key, None)
+            row_keys.append(key)
+            if key in down:
+                rows.append(ReplayRow(path, e, label, "unavailable", down[key]))
+                t.add_row(path.name, label, stored, "engine could not start", "-", "-", "-")
+                continue
             eng = engines[key]
             case = Case.from_json(e.case)
             profile = eng.capabilities().profile
             run = run_case(eng, case, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
                            seed=seed, profile=profile, speculation=e.kind != "calibration")
-            label = spec + (f"+{kw['inject']}" if kw.get("inject") else "")
-            stored = f"{e.kind}/{e.label}"
             if run.crash is not None:
                 now, ev, attr = f"crash ({run.crash.kind})", "-", "-"
-                still += 1
+                detail = f"engine {run.crash.kind}: {run.crash.detail}"
             else:
                 j = run.judgement
                 now = "still fails" if j.failed else "passes"
-                still += int(j.failed)
                 ev = f"{j.verdict.e_value:.3g}"
                 attr = j.attribution.label if j.attribution else "-"
+                detail = j.verdict.evidence
+            rows.append(ReplayRow(path, e, label, now, detail, time.monotonic() - t1))
             t.add_row(path.name, label, stored, now, str(run.n), ev, attr)
     finally:
         for eng in engines.values():
             eng.close()
+    # An engine whose every entry crashed without one successful start: can it start at all?
+    for key, eng in engines.items():
+        mine = [i for i, k in enumerate(row_keys) if k == key]
+        if eng.starts == 0 and mine and all(rows[i].outcome.startswith("crash") for i in mine):
+            reason = start_error(key[0], dict(key[1]), work_dir=work_dir)
+            if reason:
+                for i in mine:
+                    r = rows[i]
+                    rows[i] = ReplayRow(r.path, r.entry, r.engine, "unavailable",
+                                        f"engine {r.engine!r} could not start: {reason}", r.seconds)
     console.print(t)
+    still = sum(r.outcome not in ("passes", "unavailable") for r in rows)
+    unavailable = [r for r in rows if r.outcome == "unavailable"]
     console.print(f"{still} of {len(items)} entries still fail")
-    if check and still:
-        sys.exit(1)
+    for r in unavailable:
+        click.echo(f"error: {r.path.name}: {r.detail}", err=True)
+    code = for_replay(still, len(unavailable), check=check)
+    if junit_out or json_out:
+        results = replay_results(rows, engine=engine, seconds=time.monotonic() - t0, exit_code=int(code))
+        write_reports(results, json_path=json_out, junit_path=junit_out)
+    finish(code)
 
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
@@ -663,6 +773,7 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     budget_s = float(budget)
     dtype, settings = entry_dtype(entry), entry_settings(entry) or None
     case = Case.from_json(entry.case)
+    _require_engine(spec)  # a missing engine package: exit 3, not a stored "crash"
     eng = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
     prev_term = None
     try:
@@ -730,10 +841,12 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
 
 
 def _register_optional_commands() -> None:
+    from specfuzz.doctor import doctor_cmd
     from specfuzz.fuzz.triage_cli import draft_cmd, triage_cmd
 
     main.add_command(triage_cmd, "triage")
     main.add_command(draft_cmd, "draft")
+    main.add_command(doctor_cmd, "doctor")
     from specfuzz.compare.command import compare_cmd
 
     main.add_command(compare_cmd, "compare")

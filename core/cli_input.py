@@ -378,9 +378,12 @@ def error_line(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, click.ClickException):
         return f"error: {one_line(exc.format_message())}", exc.exit_code
     from specfuzz.engines.isolation import EngineCrash
+    from specfuzz.errors import EngineUnavailable
+    from specfuzz.exitcodes import for_exception
 
-    if isinstance(exc, EngineCrash):
-        return f"error: {one_line(str(exc))[:400]}", 1
+    if isinstance(exc, (EngineCrash, EngineUnavailable)):
+        # Not caught as a finding: the engine failed before any case ran (exit 3).
+        return f"error: {one_line(str(exc))[:400]}", int(for_exception(exc))
     if isinstance(exc, SpecfuzzError):
         return f"error: {one_line(str(exc))}", BAD_INPUT_EXIT
     if isinstance(exc, OSError):

@@ -26,3 +26,11 @@ class AmbiguousSemantics(SpecfuzzError):
     Raised e.g. when a top-p/top-k cut falls exactly on tied probabilities, where the
     kept set depends on an unspecified sort order. Strategies avoid such cases.
     """
+
+
+class EngineUnavailable(SpecfuzzError):
+    """The engine cannot run here at all (its package is missing, or it never starts).
+
+    Not a finding about the engine and not a bad command line: the exit status is 3
+    (see :mod:`specfuzz.exitcodes`).
+    """

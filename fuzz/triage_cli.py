@@ -125,7 +125,10 @@ def _check_latest(report, samples: int, alpha: float, seed: int, work_dir: Path,
 @click.command("triage")
 @click.argument("corpus_dir", default="corpus", required=False, type=click.Path(path_type=Path))
 @click.option("--rerun", is_flag=True, help="Re-confirm every entry on the installed engine and update its status in place.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema: docs/triage-schema.json).")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Machine-readable JSON (schema: docs/triage-schema.json) to FILE, or to standard output when FILE is omitted or '-'.")
+@click.option("--junit-xml", "junit_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JUnit XML report here: a test per entry (fixed: passed, flaky: skipped, open: failed).")
 @click.option("--samples", default=2000, show_default=True, type=COUNT, help="--rerun: samples per re-run (fewer if it fails earlier).")
 @click.option("--alpha", default=1e-3, show_default=True, type=ALPHA, help="--rerun: level of each re-run's test.")
 @click.option("--seed", default=12345, show_default=True, type=SEED, help="--rerun: first request seed (fresh: not the campaign's).")
@@ -134,16 +137,24 @@ def _check_latest(report, samples: int, alpha: float, seed: int, work_dir: Path,
 @click.option("--latest", is_flag=True, help="Re-check every entry on the newest installable release of its engine package "
               "(its own environment, as `specfuzz bisect` makes them) and mark it fixed / still present (confirmed).")
 @env_options
-def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha: float, seed: int,
-               engine: str | None, work_dir: Path, latest: bool, index_url, find_links, env_dir, deps,
+def triage_cmd(corpus_dir: Path, rerun: bool, json_out: str | None, junit_out: Path | None, samples: int, alpha: float,
+               seed: int, engine: str | None, work_dir: Path, latest: bool, index_url, find_links, env_dir, deps,
                torch_any_build, prebuilt) -> None:
     """Group corpus entries by signature: engine, broken condition, effect size, evidence, status.
 
     Files in the folder that are not corpus entries (invalid JSON, another schema) are
-    listed as skipped and left untouched.
+    listed as skipped and left untouched. Exit status 0 (a report; entries that cannot
+    re-run are reported as such), 2 bad input.
     """
+    import time
+
     from specfuzz.fuzz.triage import Rerunner, rerun_corpus, triage
 
+    t0 = time.monotonic()
+    if json_out not in (None, "-") and Path(json_out).is_dir():
+        # `triage --json DIR` (the flag before the folder, as before --json took a FILE)
+        corpus_dir, json_out = Path(json_out), "-"
+    as_json = json_out == "-"
     err = Console(stderr=True)
     if latest and rerun:
         raise click.BadParameter("--latest re-checks on the newest release, --rerun on the installed engine: one of them",
@@ -164,9 +175,18 @@ def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha
     if latest and report.reports:
         _check_latest(report, samples, alpha, seed, work_dir, (index_url, find_links, env_dir, deps, torch_any_build, prebuilt),
                       lambda s: err.print(s, highlight=False, soft_wrap=True))
+    if junit_out is not None:
+        from specfuzz.fuzz.results import triage_results, write_junit
+
+        write_junit(triage_results(report, time.monotonic() - t0), junit_out)
+    text = json.dumps(report.to_json(), indent=1, ensure_ascii=False, allow_nan=False)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=1, ensure_ascii=False, allow_nan=False))
+        click.echo(text)
         return
+    if json_out is not None:
+        from specfuzz.fuzz.results import write_text
+
+        write_text(Path(json_out), text + "\n")
     render_triage(report, _console())
 
 

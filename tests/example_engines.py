@@ -186,3 +186,24 @@ class BatchCrashEngine(ReferenceEngine):
         if len(requests) > 1:
             raise RuntimeError(f"batch crash engine: {len(requests)} requests in one call")
         return super().generate(requests)
+
+
+class NeverStartsEngine(ReferenceEngine):
+    """An engine that cannot start at all (a broken install, no device): every start raises."""
+
+    name = "never-starts"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def start(self, config: EngineConfig) -> None:
+        raise RuntimeError("no device: this engine cannot start here")
+
+
+class SlowStartEngine(ReferenceEngine):
+    """Takes 14 s to sample (a slow engine start, as vLLM's on a busy CPU): a budget that
+    ends within the campaign's 10-s watchdog grace sees no case finish."""
+
+    def generate(self, requests):
+        time.sleep(14)
+        return super().generate(requests)
