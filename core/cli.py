@@ -72,7 +72,10 @@ def parse_settings(items: tuple[str, ...]) -> dict:
 @click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--seed", default=0, show_default=True, help="Deterministic with the same seed (and engine).")
 @click.option("--workers", default=1, show_default=True, help="Parallel campaign processes sharing the corpus.")
-@click.option("--alpha", default=1e-3, show_default=True, help="Campaign-wide false-alarm probability.")
+@click.option("--alpha", default=1e-3, show_default=True,
+              help="Campaign-wide false-alarm probability (spent per confirmation; shared by workers and resumed runs).")
+@click.option("--screen-alpha", default=None, type=float,
+              help="Fixed level of every family's screening test (not spent from --alpha). Default: 1e-3.")
 @click.option("--samples", "max_samples", default=1000, show_default=True, help="Samples per request pattern when the verdict does not fail earlier.")
 @click.option("--max-vocab", default=5, show_default=True)
 @click.option("--max-tokens", default=4, show_default=True)
@@ -85,15 +88,20 @@ def parse_settings(items: tuple[str, ...]) -> dict:
 @click.option("--patterns", default=3, show_default=True, type=click.IntRange(1, 64),
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
 @click.option("--worker-index", default=0, hidden=True)
-def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
+def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
              dtype, work_dir, quiet, engine_settings, batch, patterns, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
+    from specfuzz.oracle.budget import SCREEN_ALPHA
 
     budget_s = parse_budget(budget)
     if workers < 1:
         raise click.BadParameter(f"{workers}: an integer >= 1", param_hint="--workers")
+    for name, value in (("--alpha", alpha), ("--screen-alpha", screen_alpha)):
+        if value is not None and not 0.0 < value < 1.0:
+            raise click.BadParameter(f"{value}: a number in (0, 1)", param_hint=name)
+    screen_alpha = SCREEN_ALPHA if screen_alpha is None else screen_alpha
     meth: tuple[str, ...] | None
     if not methods:
         meth = None
@@ -109,7 +117,8 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
 
         for w in range(1, workers):
             cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--budget", str(budget_s), "--engine", engine,
-                   "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha / workers),
+                   "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha),
+                   "--screen-alpha", str(screen_alpha),
                    "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens),
                    "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w)]
             cmd += ["--inject", inject] if inject else []
@@ -119,10 +128,9 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                 cmd += ["--engine-setting", kv]
             cmd += ["--batch", str(batch), "--patterns", str(patterns)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
-        alpha = alpha / workers
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=_engine_kwargs(engine, inject), budget_s=budget_s, corpus_dir=corpus_dir,
-        seed=seed, methods=meth, alpha=alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
+        seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns,
     )

@@ -3,11 +3,14 @@
 One *search* is a Hypothesis run over case families (several request patterns on one
 model family, so one engine start serves them all). Each example is run on the engine
 in mixed batches until every pattern's anytime-valid test decides; ``hypothesis.target``
-steers generation toward larger evidence. A pattern that fails is re-confirmed with
-fresh samples at a 10x stricter level before it counts: only then does the example
-raise, and Hypothesis shrinks it. Every shrink candidate is again run with fresh samples
-and must fail, re-confirm, and keep the same attribution label, so noise cannot steer
-the shrink. The smallest confirmed failure is calibrated (the same engine with
+steers generation toward larger evidence. Every test screens at a fixed loose level
+(``screen_alpha``, not spent from α); a pattern that crosses it is a candidate, run again
+with fresh samples at the level of the campaign's next confirmation (α_j, spent from the
+α ledger shared by every worker and resumed run, see ``fuzz/ledger.py`` and
+``oracle/budget.py``). Only a confirmed failure counts: then the example raises, and
+Hypothesis shrinks it. Every shrink candidate is again run with fresh samples and must
+fail, be confirmed, and keep the same attribution label, so noise cannot steer the
+shrink. The smallest confirmed failure is calibrated (the same engine with
 speculation off must agree with μ) and stored. Then the next search starts with a new
 seed; failures whose signature is already in the corpus update it and do not stop the
 search. Each search has a time slice (at least a minute, and budget/(2 x methods)) and
@@ -16,7 +19,7 @@ the one Hypothesis draws first: engines that start slowly (tens of seconds per m
 family on a GPU) see a few examples per search, and Hypothesis's first examples are its
 simplest. The Hypothesis database and the campaign state (α spent, and totals per
 method over every resumed run) live under ``<corpus>/.specfuzz/``, so a killed campaign
-resumes where it was, on this machine or another.
+resumes where it was, on this machine or another; the α ledger lives there too.
 """
 
 from __future__ import annotations
@@ -40,14 +43,15 @@ from specfuzz.case import Case
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
 from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
+from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
-from specfuzz.oracle.stats import AlphaSpender
+from specfuzz.oracle.budget import SCREEN_ALPHA
 from specfuzz.strategies import case_families
 
-STATE_SCHEMA_VERSION = 1
-# Re-confirmation runs at this fraction of the case's α, with fresh samples.
-CONFIRM_FACTOR = 0.1
+# 2: the per-family α spender left the state for the shared ledger (fuzz/ledger.py);
+# a schema-1 state keeps it as "legacy_spender".
+STATE_SCHEMA_VERSION = 2
 # Examples per Hypothesis search; the campaign runs searches with new seeds until its
 # budget is spent. Bounded so that Hypothesis's own phases (targeting) end too.
 EXAMPLES_PER_SEARCH = 300
@@ -128,7 +132,8 @@ class CampaignConfig:
     corpus_dir: Path = Path("corpus")
     seed: int = 0
     methods: tuple[str, ...] | None = None  # None: every method the engine supports; () = speculation off
-    alpha: float = 1e-3  # campaign-wide false-alarm budget
+    alpha: float = 1e-3  # campaign-wide false-alarm budget (spent per confirmation)
+    screen_alpha: float = SCREEN_ALPHA  # fixed level of every family's screening test (not spent)
     max_samples: int = 1000
     batch: int = 600
     max_vocab: int = 5
@@ -157,6 +162,11 @@ class CampaignStats:
     rejected: int = 0
     refused: int = 0  # cases the engine refused as bad configuration
     searches: int = 0
+    candidates: int = 0  # patterns whose test crossed the screening level
+    confirmations: int = 0  # confirmation runs (each spent its α_j)
+    confirmed: int = 0
+    unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
+    budget: object = None  # the α ledger's ConfirmationBudget, as last read
     stored: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
@@ -173,7 +183,14 @@ class Campaign:
         self._spec_off_engine: IsolatedEngine | None = None
         self.deadline = time.monotonic() + config.budget_s
         state = self._load_state()
-        self.spender = AlphaSpender.from_json(state["spender"]) if state else AlphaSpender(config.alpha)
+        # The per-family spender of a schema-1 state, kept as written (the ledger counts
+        # what it spent; see fuzz/ledger.py).
+        self.legacy_spender = state.get("legacy_spender") if state else None
+        self.ledger = AlphaLedger(self.state_dir, config.alpha)
+        self.stats.budget = self.ledger.read()
+        # Known signatures confirmed again in this run: marked seen once per run, so that
+        # an engine that keeps showing a known bug does not spend α on it family by family.
+        self.seen_again: set[str] = set()
         self.search_index = state.get("searches", 0) if state else 0
         # Totals over every run of this campaign state (a campaign resumed on another
         # machine, lease after lease, adds to them): seconds, and per speculation method
@@ -204,8 +221,14 @@ class Campaign:
             d = json.loads(self.state_path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        if d.get("schema_version") != STATE_SCHEMA_VERSION:
-            return None
+        if not isinstance(d, dict) or d.get("schema_version") is None:
+            return None  # not a campaign state: start afresh
+        if d["schema_version"] == 1:  # migrate: the spender moves to the ledger
+            d = dict(d, schema_version=STATE_SCHEMA_VERSION)
+            d["legacy_spender"] = d.pop("spender", None)
+        if d["schema_version"] != STATE_SCHEMA_VERSION:
+            raise InvalidInput("campaign state schema_version", d.get("schema_version"),
+                               f"1 or {STATE_SCHEMA_VERSION} (a newer specfuzz wrote {self.state_path}; use it, or a fresh --corpus)")
         return d
 
     def _save_state(self) -> None:
@@ -214,7 +237,7 @@ class Campaign:
         self._t_saved = now
         atomic_write_json(self.state_path, {
             "schema_version": STATE_SCHEMA_VERSION,
-            "spender": json.loads(self.spender.to_json()),
+            **({"legacy_spender": self.legacy_spender} if self.legacy_spender else {}),
             "searches": self.search_index,
             "totals": self.totals,
             "simplest_run": sorted(self.simplest_run),
@@ -250,11 +273,23 @@ class Campaign:
         self.stats.samples += sum(r.n for r in runs)
         return runs
 
-    def _calibrate(self, case: Case, seed: int) -> CaseRun:
-        """The same engine, speculation off, on the failing pattern."""
+    def _calibrate(self, case: Case, seed: int, alpha: float) -> CaseRun:
+        """The same engine, speculation off, on the failing pattern (at the level of the
+        confirmation that let it be stored: it only decides the entry's kind)."""
         if self._spec_off_engine is None:
             self._spec_off_engine = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs")
-        return self._run([case], [self.spender.peek()], seed, speculation=False, engine=self._spec_off_engine)[0]
+        return self._run([case], [alpha], seed, speculation=False, engine=self._spec_off_engine)[0]
+
+    def _confirm(self, run: CaseRun, speculation: bool) -> tuple[CaseRun, int]:
+        """A candidate run again on fresh samples at the next confirmation's α_j (spent
+        and written to the ledger first); returns the run and j."""
+        j, a = self.ledger.spend()
+        conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation)[0]
+        self.stats.confirmations += 1
+        self.stats.confirmed += int(conf.failed)
+        self.stats.unconfirmed_s += 0.0 if conf.failed else conf.seconds
+        self.stats.budget = self.ledger.read()
+        return conf, j
 
     def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None, shrunk: bool = False) -> None:
         self.stats.crashes += 1
@@ -308,9 +343,10 @@ class Campaign:
             min_vocab=dict(getattr(caps, "min_vocab", {}) or {}),
         )
 
-    def _search(self, strategy, search_seed: int) -> tuple[list[Case], CaseRun, CaseRun] | None:
-        """One Hypothesis run; returns the smallest confirmed failure (family, run, confirmation)."""
-        confirmed: list[tuple[list[Case], CaseRun, CaseRun]] = []
+    def _search(self, strategy, search_seed: int) -> tuple[list[Case], CaseRun, CaseRun, int] | None:
+        """One Hypothesis run; returns the smallest confirmed failure (family, run,
+        confirmation, confirmation index)."""
+        confirmed: list[tuple[list[Case], CaseRun, CaseRun, int]] = []
         label_of_first: list[str | None] = []
         # A crash is shrunk too: Hypothesis keeps the smallest family that crashes the
         # same way (kind and message with numbers stripped), each candidate on a fresh
@@ -348,7 +384,7 @@ class Campaign:
                 if simplest in self.simplest_run:
                     reject()
                 self.simplest_run.add(simplest)
-            alphas = [self.spender.peek()] * len(cases)
+            alphas = [self.cfg.screen_alpha] * len(cases)
             try:
                 runs = self._run(cases, alphas, next_seed(), speculation=speculation)
             except (AmbiguousSemantics, OutputSpaceTooLarge):
@@ -360,8 +396,6 @@ class Campaign:
                 self.stats.refused += 1
                 self.on_event(f"engine refused a case: {exc}", self.stats)
                 reject()
-            for _ in cases:
-                self.spender.next()
             self.stats.cases += 1
             self.stats.patterns += len(cases)
             self._count(cases, runs, speculation)
@@ -388,20 +422,23 @@ class Campaign:
             for r in runs:
                 if not r.failed:
                     continue
+                self.stats.candidates += 1
                 label = r.judgement.attribution.label if r.judgement.attribution else None
                 if label_of_first and label != label_of_first[0] and label_of_first[0] not in (None, "unknown"):
                     continue  # while shrinking, only the same bug counts (an unattributed one may become attributable)
-                if not label_of_first and self._entry_for(r).signature in self.known:
-                    self._update_known(r)
+                if not label_of_first and (sig := self._entry_for(r).signature) in self.known:
+                    # A known bug: confirmed once per run, then marked seen again.
+                    if sig not in self.seen_again and self._confirm(r, speculation)[0].failed:
+                        self.seen_again.add(sig)
+                        self._update_known(r)
                     continue
-                conf = self._run([r.case], [self.spender.peek() * CONFIRM_FACTOR], next_seed(), speculation=speculation)[0]
-                self.spender.next()
+                conf, j = self._confirm(r, speculation)
                 if not conf.failed:
                     continue
                 if not label_of_first:
                     label_of_first.append(label)
                     self.on_event(f"failure ({label}); shrinking", self.stats)
-                confirmed.append(([r.case], r, conf))
+                confirmed.append(([r.case], r, conf, j))
                 raise PatternFailed(label)
 
         try:
@@ -428,7 +465,7 @@ class Campaign:
         key = crash_key(crash)
         for case in family:
             try:
-                runs = self._run([case], [self.spender.peek()], seed, speculation=speculation)
+                runs = self._run([case], [self.cfg.screen_alpha], seed, speculation=speculation)
             except (AmbiguousSemantics, OutputSpaceTooLarge, InvalidInput):
                 continue
             c = runs[0].crash
@@ -455,19 +492,20 @@ class Campaign:
         self.stats.findings_new += int(new)
         self.stats.findings_updated += int(not new)
 
-    def _store_failure(self, run: CaseRun, conf: CaseRun) -> None:
+    def _store_failure(self, run: CaseRun, conf: CaseRun, j: int) -> None:
         version = self.engine.version()
         if self.cfg.calibration_only:
             entry = finding_entry(version, run, None)
             entry.kind = "calibration"
         else:
-            calib = self._calibrate(run.case, seed=self.search_index * 7919 + 1)
+            calib = self._calibrate(run.case, seed=self.search_index * 7919 + 1, alpha=conf.judgement.verdict.alpha)
             if calib.failed:
                 entry = finding_entry(version, calib, None)
                 entry.kind = "calibration"
             else:
                 entry = finding_entry(version, run, calib)
         entry.extra["confirmation"] = None if conf.judgement is None else conf.judgement.verdict.to_dict()
+        entry.extra["confirmation_index"] = j  # the campaign's j-th confirmation, at α_j
         entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)
@@ -502,10 +540,10 @@ class Campaign:
                 strategy = self._strategy(rotate=self.search_index - 1)
                 found = self._search(strategy, self.cfg.seed * 100_000 + self.search_index)
                 if found is not None:
-                    _, run, conf = found
+                    _, run, conf, j = found
                     if armed:  # calibrating and storing may overrun the budget a little
                         signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + 120)
-                    self._store_failure(run, conf)
+                    self._store_failure(run, conf, j)
                     if armed:
                         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
         except BudgetExhausted:
