@@ -134,9 +134,9 @@ def test_false_stored_findings_stay_below_alpha_whatever_the_screen_lets_through
     rate = _false_stored_rate(levels, campaigns, table, rng)
     slack = 3 * math.sqrt(alpha * (1 - alpha) / campaigns)
     assert 0.0 < rate <= alpha * families / (families + 1) + slack, rate
-    # Negative control: confirmations that do not spend (each at α/2) break the bound,
-    # so this simulation can see a broken budget.
-    broken = _false_stored_rate([alpha / 2] * families, campaigns, table, rng)
+    # Negative control: confirmations that do not spend (each at α) break the bound, so
+    # this simulation can see a broken budget.
+    broken = _false_stored_rate([alpha] * families, campaigns, table, rng)
     assert broken > alpha + slack, broken
 
 
