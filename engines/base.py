@@ -81,6 +81,89 @@ class Capabilities:
     # has a floor above 2 (vLLM's Model Runner V2: its sampler warmup asks for top-5
     # logprobs). Strategies draw only vocabularies a case's method can start on.
     min_vocab: Mapping[str, int] = field(default_factory=dict)
+    # What a started engine can load in place instead of restarting (a *swap*): a subset
+    # of SWAP_PARTS. "target": the target checkpoint's weights; "draft": a draft model's;
+    # "head": an EAGLE/EAGLE-3 head's. Empty: every new table needs a fresh start. An
+    # engine that swaps implements swap() and check_tables() (see Engine).
+    swap: frozenset[str] = frozenset()
+    # The configuration each speculation method runs at when a user turns it on with only
+    # the knobs the engine requires, as SpecConfig fields (method -> {field: value}); the
+    # strategies draw it as the named variant "engine default" (SpecConfig.engine_default),
+    # which the adapter sends with none of those knobs pinned.
+    spec_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+# The parts of a started engine a swap can replace (Capabilities.swap).
+SWAP_PARTS: tuple[str, ...] = ("target", "draft", "head")
+# Checkpoint files that hold the tables themselves; every other file of a checkpoint
+# folder (config.json, generation_config.json, tokenizer files) must be equal for a swap.
+TABLE_FILES: frozenset[str] = frozenset({"model.safetensors", "specfuzz_table.json"})
+
+
+@dataclass(frozen=True)
+class SwapReport:
+    """What :meth:`Engine.swap` did."""
+
+    seconds: float
+    parts: tuple[str, ...] = ()  # what was loaded: "target", "draft", "head"
+    reset: tuple[str, ...] = ()  # engine state reset at the swap ("prefix cache", "ngram trie", ...)
+    kept: tuple[str, ...] = ()  # engine state that outlived it (recorded with the family)
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """What :meth:`Engine.check_tables` found: the running engine's own next-token
+    logits (or log-probabilities) for every row of its target table, against the table."""
+
+    ok: bool
+    rows: int  # table rows compared
+    max_abs_diff: float
+    tolerance: float  # 0: bit for bit
+    detail: str = ""  # how the values were read; the first mismatches when not ok
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "rows": self.rows, "max_abs_diff": self.max_abs_diff,
+                "tolerance": self.tolerance, "detail": self.detail}
+
+
+class SwapUnsupported(Exception):
+    """An engine cannot swap to this config now (the caller starts it fresh instead)."""
+
+
+def _checkpoint_shape_digest(path: Path | None, h) -> None:
+    if path is None:
+        h.update(b"<none>")
+        return
+    path = Path(path)
+    for f in sorted(path.iterdir()) if path.is_dir() else ():
+        if f.is_file() and f.name not in TABLE_FILES:
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+
+
+def swap_key(config: EngineConfig) -> str:
+    """What must be equal between two configs for one started engine to serve both by a
+    swap: every EngineConfig field but the checkpoint folders, and every file of those
+    folders but the weights (so vocabulary, EOS, architecture and tokenizer are equal)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    rest = {k: getattr(config, k) for k in config.__dataclass_fields__ if k not in ("target_dir", "draft_dir")}
+    h.update(json.dumps(rest, sort_keys=True, default=repr).encode())
+    _checkpoint_shape_digest(config.target_dir, h)
+    _checkpoint_shape_digest(config.draft_dir, h)
+    return h.hexdigest()[:20]
+
+
+def swap_parts(old: EngineConfig, new: EngineConfig) -> tuple[str, ...]:
+    """The parts a swap from ``old`` to ``new`` must load (see SWAP_PARTS)."""
+    parts = []
+    if Path(old.target_dir) != Path(new.target_dir):
+        parts.append("target")
+    if old.draft_dir != new.draft_dir:
+        spec = new.speculation
+        parts.append("head" if spec is not None and spec.method in ("eagle", "eagle3") else "draft")
+    return tuple(parts)
 
 
 class Engine(abc.ABC):
@@ -106,6 +189,20 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """One completion per request, in order."""
+
+    # Optional, for engines whose Capabilities.swap is not empty:
+    #
+    # def swap(self, config: EngineConfig) -> SwapReport:
+    #     """Load ``config``'s checkpoints into the running engine in place (called only when
+    #     swap_key(config) equals the running config's and every part in swap_parts() is in
+    #     Capabilities.swap), reset the engine state that outlives it where the engine allows
+    #     (prefix cache, n-gram trie) and say what was kept. Raise SwapUnsupported when it
+    #     cannot; the caller then starts the engine fresh."""
+    #
+    # def check_tables(self) -> TableCheck:
+    #     """The running engine's own logits for every row of its target table, against the
+    #     table. Called after every swap before any sample is taken: a failed check means a
+    #     fresh start, never a finding about speculation."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the engine's resources."""

@@ -266,7 +266,10 @@ class HFEngine(Engine):
         return Capabilities(methods=METHODS, sampling=SAMPLING, dtypes=DTYPES, profile="hf",
                             max_vocab=MAX_VOCAB, draft_vocab="any",
                             spec_knobs={"verify": ("token",), "draft_sampling": ("sampled",), "ngram_min": (1,),
-                                        "draft_temperature": (None,)})
+                                        "draft_temperature": (None,)},
+                            # Tables load into the running models (state dicts); universal assisted
+                            # generation prunes the assistant's lm_head, so its draft restarts.
+                            swap=frozenset({"target", "draft"}))
 
     def version(self) -> Mapping[str, str]:
         import torch
@@ -411,6 +414,55 @@ class HFEngine(Engine):
         self._watch_candidates()
         self._plan = plan
         self._config = config
+
+    def swap(self, config: EngineConfig) -> "SwapReport":
+        """Load ``config``'s tables into the running models (their state dicts, in place)."""
+        import time
+
+        import torch
+        from safetensors.torch import load_file
+
+        from specfuzz.engines.base import SwapReport, SwapUnsupported, swap_parts
+
+        if self._config is None or self._model is None:
+            raise SwapUnsupported("no running model")
+        parts = swap_parts(self._config, config)
+        if "draft" in parts and self._plan.get("universal"):
+            raise SwapUnsupported("universal assisted generation prunes the assistant's lm_head: a new draft needs a start")
+        plan = self.validate(config)
+        t0 = time.perf_counter()
+
+        def load_into(model, d: Path) -> None:
+            state = load_file(str(Path(d) / "model.safetensors"))
+            with torch.no_grad():
+                missing, unexpected = model.load_state_dict(state, strict=False)
+            if unexpected or any(not k.endswith("rotary_emb.inv_freq") for k in missing):
+                raise SwapUnsupported(f"checkpoint {Path(d).name} does not match the running model "
+                                      f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+        if "target" in parts:
+            load_into(self._model, config.target_dir)
+        if "draft" in parts:
+            for m in (self._draft, self._greedy_draft):
+                if m is not None:
+                    load_into(m, config.draft_dir)
+        self._plan = plan
+        self._config = config
+        return SwapReport(seconds=time.perf_counter() - t0, parts=parts)
+
+    def check_tables(self) -> "TableCheck":
+        """Every row of the target table (and of a draft model's) from the running models' own
+        logits, bit for bit (check_logits)."""
+        from specfuzz.engines.base import TableCheck
+        from specfuzz.tablegen import load_table
+
+        res = self.calibrate()
+        parts = [v for v in res.values() if isinstance(v, dict)]
+        worst = max(v["max_abs_diff"] for v in parts)
+        bad = [f"{v['model']}: rows {v['mismatched_tokens']}" for v in parts if not v["exact"]]
+        return TableCheck(ok=bool(res["exact"]), rows=int(load_table(self._config.target_dir).shape[0]),
+                          max_abs_diff=float(worst), tolerance=0.0,
+                          detail="HF logits of " + " and ".join(v["model"] for v in parts) + (("; " + "; ".join(bad)) if bad else ""))
 
     def close(self) -> None:
         self._model = None

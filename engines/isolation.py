@@ -35,7 +35,9 @@ import weakref
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from specfuzz.engines.base import Capabilities, Completion, EngineConfig, Request
+from specfuzz.engines.base import (
+    Capabilities, Completion, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, swap_key, swap_parts,
+)
 from specfuzz.errors import InvalidInput, SpecfuzzError
 
 BUILTIN_ENGINES = {
@@ -149,6 +151,8 @@ def _kill_live_children() -> None:
 def _error_reply(exc: BaseException) -> tuple:
     if isinstance(exc, InvalidInput):
         return ("invalid", exc.name, repr(exc.value), exc.allowed)
+    if isinstance(exc, SwapUnsupported):
+        return ("unsupported", str(exc))
     return ("error", type(exc).__name__, str(exc), traceback.format_exc())
 
 
@@ -164,9 +168,11 @@ class IsolatedEngine:
         call_timeout_s: float = 600.0,
         log_dir: Path | None = None,
         daemon: bool | None = None,
+        swap: bool = True,
     ) -> None:
         """``daemon``: run the engine in a daemon child (None: yes, unless the engine is
-        one of :data:`NON_DAEMON_ENGINES`)."""
+        one of :data:`NON_DAEMON_ENGINES`). ``swap``: load new tables into a running engine
+        in place where it can (Capabilities.swap), instead of starting it again."""
         self.engine_spec = resolve_engine(engine_spec)
         self.daemon = (self.engine_spec not in NON_DAEMON_ENGINES) if daemon is None else bool(daemon)
         self.kwargs = dict(kwargs or {})
@@ -182,6 +188,19 @@ class IsolatedEngine:
         self.starts = 0
         self.crashes = 0
         self.log_path: Path | None = None
+        # Table swaps (Capabilities.swap): ``swap=False`` starts the engine afresh for every
+        # new config, as before swaps existed (benchmarks compare both).
+        self.swap_enabled = swap
+        self.swaps = 0
+        self.swap_fallbacks = 0
+        # Wall time per activity (seconds): engine starts (process spawn included), swaps
+        # (loading and the table check), and generate calls.
+        self.seconds = {"start": 0.0, "swap": 0.0, "generate": 0.0}
+        # What happened at swaps that a campaign log should show: fallbacks to a fresh start
+        # (a failed table check or a refused swap), engine state kept across a swap, and
+        # stale weights (the check failed after the swap and passed after a fresh start).
+        self.events: list[dict] = []
+        self.last_swap: SwapReport | None = None
 
     # -- process management ------------------------------------------------------------
 
@@ -255,6 +274,8 @@ class IsolatedEngine:
         if status == "invalid":
             _, name, value_repr, allowed = reply
             raise InvalidInput(name, _Repr(value_repr), allowed)
+        if status == "unsupported":
+            raise SwapUnsupported(reply[1])
         _, exc_type, message, tb = reply
         self._kill()
         self.crashes += 1
@@ -280,23 +301,100 @@ class IsolatedEngine:
 
     # -- the Engine interface ----------------------------------------------------------
 
-    def start(self, config: EngineConfig) -> None:
-        """Start (or reuse) an engine on ``config``; a different config restarts it."""
+    def start(self, config: EngineConfig, *, fresh: bool = False) -> None:
+        """Start (or reuse) an engine on ``config``.
+
+        The same config reuses the running engine. A config that differs only in its
+        tables (equal :func:`~specfuzz.engines.base.swap_key`) is swapped in place when the
+        engine can swap every part that changed; the engine's own logits for every row of
+        the new target table are then checked (``check_tables``) before the call returns,
+        and a refused swap or a failed check falls back to a fresh start (recorded in
+        :attr:`events`). Anything else starts the engine afresh. ``fresh=True`` always
+        starts a new engine process (confirmations of a failure do).
+        """
+        if fresh:
+            self.close()
         if self._proc is not None and self._config == config:
+            return
+        if self._proc is not None and self._config is not None and self._swap(config):
             return
         # A live engine process is asked to start again on the new config (engines
         # release their previous model in start()), unless the engine says it cannot
         # restart in-process; a dead one is respawned by _call.
         if self._proc is not None and self._config is not None and not getattr(self.capabilities(), "restart_in_process", True):
             self.close()
-        self._call("start", config, timeout=self.start_timeout_s)
+        t0 = time.monotonic()
+        try:
+            self._call("start", config, timeout=self.start_timeout_s)
+        finally:
+            self.seconds["start"] += time.monotonic() - t0
         self._config = config
         self.starts += 1
+
+    def can_swap(self, config: EngineConfig) -> bool:
+        """Whether the running engine could take ``config`` by a swap (not tried)."""
+        if not self.swap_enabled or self._proc is None or self._config is None:
+            return False
+        parts = set(swap_parts(self._config, config))
+        able = set(getattr(self.capabilities(), "swap", ()) or ())
+        return bool(parts) and parts <= able and swap_key(self._config) == swap_key(config)
+
+    def _swap(self, config: EngineConfig) -> bool:
+        """Swap ``config``'s tables into the running engine and prove them; False: start fresh."""
+        if not self.can_swap(config):
+            return False
+        old = self._config
+        t0 = time.monotonic()
+        try:
+            try:
+                report = self._call("swap", config, timeout=self.call_timeout_s)
+                self._config = config
+                check = self._call("check_tables", timeout=self.call_timeout_s)
+            except (SwapUnsupported, AttributeError) as exc:
+                # AttributeError: an engine that claims Capabilities.swap without swap() or
+                # check_tables(); an unproven swap is never sampled.
+                self._config = old
+                self._fallback("swap refused", str(exc), old, config)
+                return False
+        finally:
+            self.seconds["swap"] += time.monotonic() - t0
+        if not getattr(check, "ok", False):
+            # No sample is taken on an unproven swap: start fresh, and see whether a fresh
+            # engine reproduces the table (then the engine's update path left stale weights).
+            self._config = old
+            self._fallback("table check failed after swap", getattr(check, "detail", repr(check)), old, config, check=check)
+            self.start(config, fresh=True)
+            try:
+                again = self._call("check_tables", timeout=self.call_timeout_s)
+            except AttributeError:
+                again = None
+            if again is not None and getattr(again, "ok", False):
+                self.events[-1]["stale_weights"] = True
+                self.events[-1]["fresh_check"] = _check_json(again)
+            return True
+        self.swaps += 1
+        self.last_swap = report
+        if getattr(report, "kept", ()):
+            self.events.append({"event": "state kept across swap", "kept": list(report.kept)})
+        return True
+
+    def _fallback(self, what: str, detail: str, old: EngineConfig, new: EngineConfig, check: TableCheck | None = None) -> None:
+        self.swap_fallbacks += 1
+        ev = {"event": what, "detail": str(detail)[:500], "from": str(old.target_dir), "to": str(new.target_dir),
+              "parts": list(swap_parts(old, new))}
+        if check is not None:
+            ev["check"] = _check_json(check)
+        self.events.append(ev)
+        self.close()
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         if self._proc is None or self._config is None:
             raise RuntimeError("generate() before start()")
-        return self._call("generate", list(requests), timeout=self.call_timeout_s)
+        t0 = time.monotonic()
+        try:
+            return self._call("generate", list(requests), timeout=self.call_timeout_s)
+        finally:
+            self.seconds["generate"] += time.monotonic() - t0
 
     def version(self) -> dict:
         if self._version is None:
@@ -338,6 +436,11 @@ class IsolatedEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_json(check: object) -> dict:
+    to_json = getattr(check, "to_json", None)
+    return to_json() if callable(to_json) else {"ok": bool(getattr(check, "ok", False)), "repr": repr(check)[:300]}
 
 
 class _Repr:

@@ -16,7 +16,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request
+import time
+
+from specfuzz.engines.base import (
+    Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, TableCheck, swap_parts,
+)
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.law import TargetLaw
 from specfuzz.oracle.params import SamplingParams
@@ -60,7 +64,7 @@ class ReferenceEngine(Engine):
     def capabilities(self) -> Capabilities:
         # eagle/eagle3 run as draft_model chains here: campaigns need not draw them twice.
         return Capabilities(methods=tuple(m for m in METHODS if m not in ("eagle", "eagle3")), sampling=ALL_SAMPLING, dtypes=("float32", "bfloat16", "float16"),
-                            profile="vllm", draft_vocab="any")
+                            profile="vllm", draft_vocab="any", swap=frozenset({"target", "draft"}))
 
     def version(self) -> Mapping[str, str]:
         import specfuzz
@@ -96,6 +100,24 @@ class ReferenceEngine(Engine):
         self._config = config
         self._laws.clear()
         self._process_laws.clear()
+
+    def swap(self, config: EngineConfig) -> SwapReport:
+        """New tables in place: read them from the new checkpoints, drop every cached law."""
+        t0 = time.perf_counter()
+        parts = swap_parts(self._config, config) if self._config is not None else ("target",)
+        self.start(config)
+        return SwapReport(seconds=time.perf_counter() - t0, parts=parts, reset=("cached laws",))
+
+    def check_tables(self) -> TableCheck:
+        """The table this engine samples from, row by row, against its target checkpoint."""
+        from specfuzz.tablegen import load_table
+
+        assert self._config is not None
+        want = load_table(self._config.target_dir)  # [V, V]
+        same = want.shape == self._table.shape and bool(np.array_equal(want, self._table))
+        diff = float(np.max(np.abs(np.nan_to_num(want - self._table)))) if want.shape == self._table.shape else float("inf")
+        return TableCheck(ok=same, rows=int(want.shape[0]), max_abs_diff=diff, tolerance=0.0,
+                          detail="the engine's in-memory table against the checkpoint's lm_head")
 
     def _law(self, prompt: tuple[int, ...], params: SamplingParams) -> TargetLaw:
         key = (prompt, json.dumps(params.to_json(), sort_keys=True))

@@ -127,7 +127,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from specfuzz.engines.base import (
-    Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details, read_config,
+    Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, environ,
+    first_line, gpu_details, read_config, swap_parts,
 )
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import GREEDY_TEMPERATURE_EPS, SamplingParams
@@ -159,6 +160,17 @@ NOT_WITH_SPECULATION: frozenset[str] = frozenset({"min_p", "logit_bias"})
 # Need the tokenizer (structured outputs).
 NEED_TOKENIZER: frozenset[str] = frozenset({"regex", "choice"})
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+# The worker extension that loads new tables into a running engine (table swaps).
+WORKER_EXTENSION = "specfuzz.engines.vllm_worker.TableSwapExtension"
+# vLLM's defaults for what a user leaves unset when turning a method on (SpeculativeConfig,
+# vLLM 0.25 and 0.32): prompt_lookup_min = prompt_lookup_max = 5 when neither is given
+# (set in __post_init__), draft_sample_method "greedy", rejection_sample_method "standard"
+# (token-wise). num_speculative_tokens has no default for these methods (vLLM raises).
+NGRAM_DEFAULT_WINDOW = 5
+# Keys of site-wide settings (SPECFUZZ_VLLM_SETTINGS) that configure speculation: applied to
+# speculative runs only.
+SPECULATIVE_SETTING_PREFIX = "speculative_"
 
 # Settings the adapter consumes itself (everything else goes to vllm.LLM as is).
 _OWN_SETTINGS = ("multiprocessing", "env", "speculative_config", "cpu_kvcache_space_gib", "shutdown_timeout_s", "model_runner")
@@ -292,6 +304,7 @@ class VLLMEngine(Engine):
         self._shutdown_timeout_s = DEFAULT_SHUTDOWN_TIMEOUT_S
         self._sampling_caps: frozenset[str] = SAMPLING_FIELDS
         self._in_process = False
+        self._llm_kwargs: dict[str, Any] = {}
         self.start_seconds: float | None = None
 
     # -- description ---------------------------------------------------------------------
@@ -329,7 +342,32 @@ class VLLMEngine(Engine):
             # EAGLE heads run on Model Runner V2 here, which starts on no vocabulary below
             # its sampler warmup's top-k (_v2_min_vocab).
             min_vocab=dict.fromkeys(V2_METHODS, _v2_min_vocab()) if block else {},
+            # New tables load into the running engine through the worker extension
+            # (vllm_worker.py): the target's lm_head, a draft model's, an EAGLE head's.
+            swap=frozenset({"target", "draft", "head"}),
+            spec_defaults=self.spec_defaults(),
         )
+
+    @staticmethod
+    def spec_defaults() -> dict[str, dict]:
+        """Per method, what vLLM runs when only the required knobs are given (as SpecConfig
+        fields): n-gram window 5..5, greedy drafting, token-wise verification."""
+        try:
+            import dataclasses
+
+            from vllm.config import SpeculativeConfig
+
+            fields = {f.name: f.default for f in dataclasses.fields(SpeculativeConfig)}
+            sample = fields.get("draft_sample_method", "greedy")
+            verify = fields.get("rejection_sample_method", "standard")
+        except Exception:  # noqa: BLE001 - the documented values of vLLM 0.25-0.32
+            sample, verify = "greedy", "standard"
+        draft = {"draft_sampling": "greedy" if sample == "greedy" else "sampled",
+                 "verify": "block" if verify == "block" else "token"}
+        return {
+            "ngram": {"ngram_min": NGRAM_DEFAULT_WINDOW, "ngram_max": NGRAM_DEFAULT_WINDOW, "verify": draft["verify"]},
+            "draft_model": dict(draft), "eagle": dict(draft), "eagle3": dict(draft),
+        }
 
     @staticmethod
     def _block_verification_possible(model_runner: object) -> bool:
@@ -363,8 +401,13 @@ class VLLMEngine(Engine):
         return self._llm
 
     def settings_for(self, config: EngineConfig) -> dict:
-        """The engine settings in force for ``config``: constructor defaults, then ``config.settings``."""
-        return {**self._default_settings, **dict(config.settings)}
+        """The engine settings in force for ``config``: constructor defaults (site-wide
+        settings included), then ``config.settings``. Site-wide ``speculative_*`` keys apply
+        to speculative runs only (a speculation-off calibration run does not see them)."""
+        base = dict(self._default_settings)
+        if config.speculation is None:
+            base = {k: v for k, v in base.items() if not str(k).startswith(SPECULATIVE_SETTING_PREFIX)}
+        return {**base, **dict(config.settings)}
 
     def check_config(self, config: EngineConfig) -> dict:
         """Validate ``config`` without starting anything; return the ``speculative_config``
@@ -418,7 +461,12 @@ class VLLMEngine(Engine):
         elif spec.verify != "token":
             raise InvalidInput("speculation.verify", spec.verify, "'token' or 'block'")
         out: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": int(k)}
-        if spec.method == "ngram":
+        default = bool(getattr(spec, "engine_default", False))
+        if default and spec.verify == "block":
+            raise InvalidInput("speculation.verify", spec.verify, "'token' for an engine-default variant (vLLM verifies token-wise by default)")
+        if spec.method == "ngram" and default:
+            pass  # vLLM's own window (prompt_lookup_min/max unset)
+        elif spec.method == "ngram":
             out["prompt_lookup_min"] = int(spec.ngram_min)
             out["prompt_lookup_max"] = int(spec.ngram_max)
         elif spec.method in HEAD_METHODS:
@@ -433,7 +481,8 @@ class VLLMEngine(Engine):
             if head.get("vocab_size") != tv:
                 raise InvalidInput("head vocab_size", head.get("vocab_size"), f"the target's vocab_size={tv}")
             out["model"] = str(config.draft_dir)
-            out["draft_sample_method"] = "probabilistic" if spec.draft_sampling == "sampled" else "greedy"
+            if not default:
+                out["draft_sample_method"] = "probabilistic" if spec.draft_sampling == "sampled" else "greedy"
         else:  # draft_model
             if spec.draft_temperature is not None:
                 raise InvalidInput(
@@ -452,7 +501,10 @@ class VLLMEngine(Engine):
                     "vocabulary sizes (write a narrower draft padded with masked columns)",
                 )
             out["model"] = str(config.draft_dir)
-            out["draft_sample_method"] = "probabilistic" if spec.draft_sampling == "sampled" else "greedy"
+            if default:
+                del out["method"]  # vLLM infers draft_model from a plain model path
+            else:
+                out["draft_sample_method"] = "probabilistic" if spec.draft_sampling == "sampled" else "greedy"
         if spec.verify == "block":
             out["rejection_sample_method"] = "block"
         out.update(dict(extra_spec))
@@ -481,6 +533,64 @@ class VLLMEngine(Engine):
                 raise InvalidInput("settings['model_runner']", choice, f"'auto' or 'v1' for method {spec.method!r} (Model Runner V2 runs {V2_METHODS})")
         return choice
 
+    def _stock_runner(self, settings: Mapping[str, Any], config: EngineConfig) -> bool:
+        """Whether vLLM picks the model runner itself: an engine-default variant with the
+        model runner left at "auto" (the adapter then sets no VLLM_USE_V2_MODEL_RUNNER)."""
+        spec = config.speculation
+        return bool(spec is not None and getattr(spec, "engine_default", False) and settings.get("model_runner", "auto") == "auto")
+
+    # -- table swaps ---------------------------------------------------------------------
+
+    def swap(self, config: EngineConfig) -> SwapReport:
+        """Load ``config``'s tables into the running engine (the worker extension's
+        ``specfuzz_load_tables`` through ``LLM.collective_rpc``), then reset the prefix cache."""
+        self._require_started()
+        old = self._config
+        assert old is not None
+        if "worker_extension_cls" not in self._llm_kwargs:
+            raise SwapUnsupported("this vLLM has no worker_extension_cls")
+        parts = swap_parts(old, config)
+        t0 = time.perf_counter()
+
+        def pair(a: Path | None, b: Path | None):
+            if b is None or a == b:
+                return None
+            return (None if a is None else str(Path(a) / "model.safetensors"), str(Path(b) / "model.safetensors"))
+
+        try:
+            res = self._llm.collective_rpc("specfuzz_load_tables", args=(pair(old.target_dir, config.target_dir),
+                                                                          pair(old.draft_dir, config.draft_dir)))
+        except Exception as exc:  # noqa: BLE001 - the RPC itself failed: restart
+            raise SwapUnsupported(f"collective_rpc failed: {first_line(exc)}") from None
+        for r in res:
+            if isinstance(r, Mapping) and r.get("error"):
+                raise SwapUnsupported(str(r["error"]))
+            for part in ("target", "draft"):
+                rep = r.get(part) if isinstance(r, Mapping) else None
+                if rep and rep.get("mismatched"):
+                    raise SwapUnsupported(f"{part} tensors {rep['mismatched']} did not read back as loaded")
+        reset = ()
+        if self._llm.reset_prefix_cache():
+            reset = ("prefix cache",)
+        self._config = config
+        return SwapReport(seconds=time.perf_counter() - t0, parts=parts, reset=reset,
+                          kept=() if reset else ("prefix cache (reset refused)",))
+
+    def check_tables(self) -> TableCheck:
+        """vLLM's own logits (or log-probabilities) for every row of the target table: one
+        request whose prompt visits every token (see logits_match_table)."""
+        self._require_started()
+        V = int(self._vocab_size or 0)
+        rep = self.logits_match_table(list(range(V)), max_tokens=1)
+        rows = len(set(rep.contexts))
+        ok = bool(rep.ok) and rows == V
+        detail = f"vLLM {rep.mode}, {rep.positions} positions"
+        if rows != V:
+            detail += f"; only {rows} of {V} rows reached"
+        if rep.mismatches:
+            detail += f"; mismatches (context, token, engine, table): {list(rep.mismatches[:5])}"
+        return TableCheck(ok=ok, rows=rows, max_abs_diff=float(rep.max_abs_diff), tolerance=float(rep.tolerance), detail=detail)
+
     def start(self, config: EngineConfig) -> None:
         """Start vLLM on ``config``; raise InvalidInput (before starting) for a bad config."""
         if self._llm is not None:
@@ -496,7 +606,8 @@ class VLLMEngine(Engine):
 
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if use_mp else "0")
         runner = self._model_runner(settings, config)
-        if _has_cuda():
+        stock = self._stock_runner(settings, config)
+        if _has_cuda() and not stock:
             env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "v2" else "0")
         if "VLLM_LOGGING_LEVEL" not in os.environ:
             env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -510,7 +621,12 @@ class VLLMEngine(Engine):
             "max_logprobs": -1,
         }
         # Raw logits make calibration bit-exact; Model Runner V2 supports raw logprobs only.
-        kwargs["logprobs_mode"] = "raw_logprobs" if runner == "v2" else "raw_logits"
+        # An engine-default variant leaves the runner to vLLM's own choice, and raw_logits
+        # would turn that choice to V1 (a V2-unsupported feature): vLLM's default then.
+        if not stock:
+            kwargs["logprobs_mode"] = "raw_logprobs" if runner == "v2" else "raw_logits"
+        if _engine_args_accept("worker_extension_cls"):
+            kwargs["worker_extension_cls"] = WORKER_EXTENSION
         unknown = sorted(k for k in settings if k not in _OWN_SETTINGS and not _llm_accepts(k))
         if unknown:
             raise InvalidInput("engine setting", unknown[0], "an own setting (" + ", ".join(_OWN_SETTINGS) + ") or a field of this vLLM version's EngineArgs")
@@ -538,6 +654,7 @@ class VLLMEngine(Engine):
             self._torch_num_threads = torch.get_num_threads()
             t0 = time.perf_counter()
             self._in_process = not use_mp
+            self._llm_kwargs = dict(kwargs)
             try:
                 with environ(cpu_env):
                     self._llm = LLM(**kwargs)

@@ -1,25 +1,33 @@
 """The campaign: Hypothesis-driven search, statistical shrinking, corpus, resume.
 
-One *search* is a Hypothesis run over case families (several request patterns on one
-model family, so one engine start serves them all). Each example is run on the engine
-in mixed batches until every pattern's anytime-valid test decides; ``hypothesis.target``
-steers generation toward larger evidence. Every test screens at a fixed loose level
-(``screen_alpha``, not spent from α); a pattern that crosses it is a candidate, run again
-with fresh samples at the level of the campaign's next confirmation (α_j, spent from the
-α ledger shared by every worker and resumed run, see ``fuzz/ledger.py`` and
+The campaign is organised by engine start. Each *search* picks a start shape
+(:class:`~specfuzz.strategies.StartShape`: vocabulary, EOS, speculation settings, the
+draft's width), starts the engine once on it, and lets Hypothesis draw a stream of case
+families of that shape (table models, prompts, request patterns): a running engine takes
+each new table model by swapping its tables in place (``IsolatedEngine.start``: the
+engine's own logits for every row of the new table are checked before any sample), and
+engines that cannot swap start again. Shapes rotate over the speculation methods; every
+method's engine-default configuration (the knobs a user leaves unset) is a named variant
+drawn first and every ``DEFAULT_EVERY``-th search after. A search has a time slice long
+enough to amortise its start (a few times the engine's start time).
+
+Each example is run on the engine in mixed batches until every pattern's anytime-valid
+test decides; ``hypothesis.target`` steers generation toward larger evidence. Every test
+screens at a fixed loose level (``screen_alpha``, not spent from α); a pattern that
+crosses it is a candidate, run again with fresh samples (seeds of its own), on a freshly
+started engine (no swap), at the level of the campaign's next confirmation (α_j, spent
+from the α ledger that every worker and resumed run shares: ``fuzz/ledger.py``,
 ``oracle/budget.py``). Only a confirmed failure counts: then the example raises, and
 Hypothesis shrinks it. Every shrink candidate is again run with fresh samples and must
-fail, be confirmed, and keep the same attribution label, so noise cannot steer the
-shrink. The smallest confirmed failure is calibrated (the same engine with
-speculation off must agree with μ) and stored. Then the next search starts with a new
-seed; failures whose signature is already in the corpus update it and do not stop the
-search. Each search has a time slice (at least a minute, and budget/(2 x methods)) and
-turns the strategy's method order by one, so that every speculation method in turn is
-the one Hypothesis draws first: engines that start slowly (tens of seconds per model
-family on a GPU) see a few examples per search, and Hypothesis's first examples are its
-simplest. The Hypothesis database and the campaign state (α spent, and totals per
-method over every resumed run) live under ``<corpus>/.specfuzz/``, so a killed campaign
-resumes where it was, on this machine or another; the α ledger lives there too.
+fail, be confirmed on a fresh engine, and keep the same attribution label, so neither
+noise nor a swap can steer the shrink. The smallest confirmed failure is calibrated (the same
+engine with speculation off must agree with μ) and stored. Crashes shrink with every
+candidate on a fresh engine process. Failures whose signature is already in the corpus
+update it (once per run, after a confirmation) and do not stop the search. The
+Hypothesis database, the α ledger and the campaign state (totals per method and per engine: starts, swaps, families, samples, and where the
+wall time went) live under ``<corpus>/.specfuzz/``, with an append-only log of swap
+events (``events.jsonl``), so a killed campaign resumes where it was, on this machine or
+another.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
 from specfuzz.oracle.budget import SCREEN_ALPHA
-from specfuzz.strategies import case_families
+from specfuzz.strategies import StartShape, case_families, start_shapes
 
 # 2: the per-family α spender left the state for the shared ledger (fuzz/ledger.py);
 # a schema-1 state keeps it as "legacy_spender".
@@ -55,8 +63,16 @@ STATE_SCHEMA_VERSION = 2
 # Examples per Hypothesis search; the campaign runs searches with new seeds until its
 # budget is spent. Bounded so that Hypothesis's own phases (targeting) end too.
 EXAMPLES_PER_SEARCH = 300
-# Shortest time slice of one search (see Campaign._search).
-SEARCH_SLICE_MIN_S = 60.0
+# Shortest time slice of one search (see Campaign._slice_s).
+SEARCH_SLICE_MIN_S = 20.0
+# A search runs at least this many times the engine's (typical) start time, so that an
+# engine start is amortised over many swapped table models.
+SLICE_START_FACTOR = 4.0
+# Start time assumed before the first start was measured (seconds).
+FIRST_START_GUESS_S = 30.0
+# After each method's first search (at its engine defaults), every DEFAULT_EVERY-th search
+# runs a method at the engine's defaults.
+DEFAULT_EVERY = 4
 # The budget is enforced inside examples; a SIGALRM this long after the deadline stops
 # the campaign even inside Hypothesis's internals or a slow engine call.
 WATCHDOG_GRACE_S = 10.0
@@ -69,12 +85,15 @@ def family_key(cases: list[Case]) -> str:
 
 
 def family_variants(case: Case) -> tuple[str, ...]:
-    """The speculation variant of a family, as counters: K, verification, draft sampling,
-    draft width relative to the target, tree shape."""
+    """The speculation variant of a family, as counters: engine default, K, verification,
+    draft sampling, draft width relative to the target, tree shape, long prompt."""
     spec = case.spec
     if spec is None:
         return ()
-    out = [f"K={spec.num_speculative_tokens}", f"verify={spec.verify}"]
+    out = ["engine default"] if spec.engine_default else []
+    out += [f"K={spec.num_speculative_tokens}", f"verify={spec.verify}"]
+    if len(case.prompt) > 8:
+        out.append("long prompt")
     if case.draft_table is not None:
         V, Vd = case.vocab_size, int(case.draft_table.shape[1])
         out.append("draft=" + ("reduced" if Vd < V else "wider" if Vd > V else "full"))
@@ -82,6 +101,22 @@ def family_variants(case: Case) -> tuple[str, ...]:
     if spec.method.endswith("_tree"):
         out.append(f"tree={spec.tree_topk}x{spec.tree_budget}")
     return tuple(out)
+
+
+def draw_example(strategy, seed: int, simplest: bool = False):
+    """One value of ``strategy`` for ``seed``: Hypothesis's first (simplest) example when
+    ``simplest``, else a random one."""
+    seen: list = []
+
+    @hyp_seed(seed)
+    @settings(database=None, max_examples=1 if simplest else 4, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def pick(value) -> None:
+        seen.append(value)
+
+    pick()
+    return seen[-1]
 
 
 def simplest_key(strategy) -> str | None:
@@ -144,6 +179,7 @@ class CampaignConfig:
     work_dir: Path = Path(".specfuzz-cache")
     worker: int = 0  # index among parallel workers sharing the corpus (each keeps its own state)
     engine_settings: dict = field(default_factory=dict)  # EngineConfig.settings: backend knobs
+    swap: bool = True  # load new tables into a running engine where it can (False: a start per table model)
 
     @property
     def calibration_only(self) -> bool:
@@ -159,6 +195,8 @@ class CampaignStats:
     findings_updated: int = 0
     crashes: int = 0
     engine_starts: int = 0
+    swaps: int = 0
+    swap_fallbacks: int = 0
     rejected: int = 0
     refused: int = 0  # cases the engine refused as bad configuration
     searches: int = 0
@@ -179,7 +217,8 @@ class Campaign:
         self.state_path = self.state_dir / (f"state-w{config.worker}.json" if config.worker else "state.json")
         self.stats = CampaignStats()
         self.on_event = on_event or (lambda msg, stats: None)
-        self.engine = IsolatedEngine(config.engine, config.engine_kwargs, log_dir=Path(config.work_dir) / "logs")
+        self.engine = IsolatedEngine(config.engine, config.engine_kwargs, log_dir=Path(config.work_dir) / "logs",
+                                     swap=config.swap)
         self._spec_off_engine: IsolatedEngine | None = None
         self.deadline = time.monotonic() + config.budget_s
         state = self._load_state()
@@ -199,7 +238,23 @@ class Campaign:
         self.totals.setdefault("seconds", 0.0)
         self.totals.setdefault("runs", 0)
         self.totals.setdefault("methods", {})
+        # Per engine (this campaign's engine, every process of it: the searching engine, the
+        # speculation-off engine, fresh confirmation engines): starts, swaps, and where the
+        # wall time went (seconds: start, swap, sample, shrink, other).
+        eng = self.totals.setdefault("engine", {})
+        for k in ("starts", "swaps", "swap_fallbacks", "stale_weights", "families", "samples", "searches"):
+            eng.setdefault(k, 0)
+        eng.setdefault("seconds", {})
+        for k in ("start", "swap", "sample", "shrink", "other"):
+            eng["seconds"].setdefault(k, 0.0)
+        eng.setdefault("shapes", {})
         self.totals["runs"] += 1
+        self._base = {k: eng[k] for k in ("starts", "swaps", "swap_fallbacks")}  # from earlier runs
+        self.events_path = self.state_dir / "events.jsonl"
+        self._engines: list[IsolatedEngine] = [self.engine]
+        self._acct = {"start": 0.0, "swap": 0.0, "sample": 0.0}  # engine seconds already added to totals
+        self._shrinking = False  # a failure or crash is being shrunk, confirmed or stored
+        self.shape: StartShape | None = None
         # Keys of the simplest families (one per method order) already run: Hypothesis
         # starts every search with its simplest example, and a slow engine's search sees
         # only one or two examples, so without this most engine starts would re-run it.
@@ -233,8 +288,10 @@ class Campaign:
 
     def _save_state(self) -> None:
         now = time.monotonic()
-        self.totals["seconds"] = round(self.totals["seconds"] + (now - self._t_saved), 1)
+        wall = now - self._t_saved
+        self.totals["seconds"] = round(self.totals["seconds"] + wall, 1)
         self._t_saved = now
+        self._account(wall)
         atomic_write_json(self.state_path, {
             "schema_version": STATE_SCHEMA_VERSION,
             **({"legacy_spender": self.legacy_spender} if self.legacy_spender else {}),
@@ -242,6 +299,66 @@ class Campaign:
             "totals": self.totals,
             "simplest_run": sorted(self.simplest_run),
         })
+
+    def _account(self, wall: float) -> None:
+        """Add ``wall`` seconds (since the last call) to the per-engine time totals: all of it
+        to "shrink" while a failure or crash is being shrunk, confirmed and stored; otherwise
+        the engines' start/swap/generate seconds to start/swap/sample and the rest to
+        "other" (oracle, Hypothesis, checkpoints)."""
+        eng = self.totals["engine"]
+        sec = eng["seconds"]
+        now = {k: sum(e.seconds[k if k != "sample" else "generate"] for e in self._engines) for k in ("start", "swap", "sample")}
+        delta = {k: max(0.0, now[k] - self._acct[k]) for k in now}
+        self._acct = now
+        if self._shrinking:
+            sec["shrink"] = round(sec["shrink"] + wall, 2)
+        else:
+            for k, d in delta.items():
+                sec[k] = round(sec[k] + d, 2)
+            sec["other"] = round(sec["other"] + max(0.0, wall - sum(delta.values())), 2)
+        for k in ("starts", "swaps", "swap_fallbacks"):
+            eng[k] = self._base[k] + sum(getattr(e, k) for e in self._engines)
+
+    def _new_engine(self) -> IsolatedEngine:
+        e = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs",
+                           swap=self.cfg.swap)
+        self._engines.append(e)
+        return e
+
+    def _drain_events(self, case: Case | None = None) -> None:
+        """Swap events of every engine to the campaign log (events.jsonl) and the display; a
+        table check that failed after a swap and passed after a fresh start (stale weights
+        in the engine's update path) is stored as a ``swap`` entry."""
+        for e in self._engines:
+            while e.events:
+                ev = dict(e.events.pop(0))
+                ev["time"] = time.time()
+                ev["search"] = self.search_index
+                if self.shape is not None:
+                    ev["shape"] = self.shape.describe()
+                try:
+                    self.state_dir.mkdir(parents=True, exist_ok=True)
+                    with open(self.events_path, "a") as f:
+                        f.write(json.dumps(ev, default=str) + "\n")
+                except OSError:
+                    pass
+                if ev.get("event") != "state kept across swap":
+                    self.on_event(f"swap: {ev.get('event')}: {str(ev.get('detail', ''))[:120]}", self.stats)
+                if ev.get("stale_weights") and case is not None:
+                    self.totals["engine"]["stale_weights"] += 1
+                    self._store_stale_weights(case, ev)
+
+    def _store_stale_weights(self, case: Case, ev: dict) -> None:
+        try:
+            version = dict(self.engine.version())
+        except EngineCrash:
+            version = {"name": self.cfg.engine}
+        entry = Entry(kind="swap", engine=version, case=case.to_json(),
+                      evidence=f"table check failed after an in-place swap ({str(ev.get('detail'))[:200]}) and passed after a fresh start",
+                      extra={"event": ev, "dtype": self.cfg.dtype, "engine_settings": dict(self.cfg.engine_settings)})
+        path, new = self.corpus.store(entry)
+        if new:
+            self.stats.stored.append(path.name)
 
     def _count(self, cases: list[Case], runs: list[CaseRun], speculation: bool) -> None:
         method = cases[0].spec.method if speculation and cases[0].spec is not None else "off"
@@ -254,6 +371,9 @@ class Campaign:
         variants = m.setdefault("variants", {})
         for v in family_variants(cases[0]) if method != "off" else ():
             variants[v] = variants.get(v, 0) + 1
+        eng = self.totals["engine"]
+        eng["families"] += 1
+        eng["samples"] += sum(r.n for r in runs)
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
@@ -261,30 +381,43 @@ class Campaign:
     # -- running one family ----------------------------------------------------------
 
     def _run(self, cases: list[Case], alphas: list[float], seed: int, speculation: bool = True,
-             engine: IsolatedEngine | None = None) -> list[CaseRun]:
-        eng = engine or self.engine
-        before = eng.starts
-        runs = run_family(
-            eng, cases, ckpt_root=Path(self.cfg.work_dir) / "checkpoints", alphas=alphas,
-            max_samples=self.cfg.max_samples, batch=self.cfg.batch, seed=seed, speculation=speculation,
-            profile=self._profile, dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings),
-        )
+             engine: IsolatedEngine | None = None, fresh: bool = False) -> list[CaseRun]:
+        """Run a family. ``fresh``: on a newly started engine process of its own (closed
+        afterwards), never a swapped one: what confirmations of a failure use."""
+        if fresh:
+            eng = self._new_engine()
+        else:
+            eng = engine or self.engine
+        before, swaps, falls = eng.starts, eng.swaps, eng.swap_fallbacks
+        try:
+            runs = run_family(
+                eng, cases, ckpt_root=Path(self.cfg.work_dir) / "checkpoints", alphas=alphas,
+                max_samples=self.cfg.max_samples, batch=self.cfg.batch, seed=seed, speculation=speculation,
+                profile=self._profile, dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings), fresh=fresh,
+            )
+        finally:
+            if fresh:
+                eng.close()
         self.stats.engine_starts += eng.starts - before
+        self.stats.swaps += eng.swaps - swaps
+        self.stats.swap_fallbacks += eng.swap_fallbacks - falls
         self.stats.samples += sum(r.n for r in runs)
+        self._drain_events(cases[0])
         return runs
 
     def _calibrate(self, case: Case, seed: int, alpha: float) -> CaseRun:
         """The same engine, speculation off, on the failing pattern (at the level of the
         confirmation that let it be stored: it only decides the entry's kind)."""
         if self._spec_off_engine is None:
-            self._spec_off_engine = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs")
+            self._spec_off_engine = self._new_engine()
         return self._run([case], [alpha], seed, speculation=False, engine=self._spec_off_engine)[0]
 
     def _confirm(self, run: CaseRun, speculation: bool) -> tuple[CaseRun, int]:
-        """A candidate run again on fresh samples at the next confirmation's α_j (spent
-        and written to the ledger first); returns the run and j."""
+        """A candidate run again on fresh samples (its own seed window), on a freshly
+        started engine, at the next confirmation's α_j (spent and written to the ledger
+        first); returns the run and j."""
         j, a = self.ledger.spend()
-        conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation)[0]
+        conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=True)[0]
         self.stats.confirmations += 1
         self.stats.confirmed += int(conf.failed)
         self.stats.unconfirmed_s += 0.0 if conf.failed else conf.seconds
@@ -321,31 +454,53 @@ class Campaign:
                                f">= {need} for methods {methods} on this engine (its smallest vocabulary per method: {floors})")
         return fit
 
-    def _strategy(self, rotate: int = 0):
-        """The case-family strategy; ``rotate`` turns the method order, so that every
-        method in turn is the one Hypothesis favours (its first choice, and what it
-        shrinks toward): with engines that start slowly a search sees few examples, and
-        Hypothesis's first examples are its simplest."""
+    def _shape(self, index: int) -> StartShape:
+        """The start shape of the ``index``-th search (1-based): the method turns with the
+        index; each method's first search and every DEFAULT_EVERY-th search after run it at
+        the engine's defaults (where the engine states them); V, EOS, K and the knobs are
+        drawn (the first search of a method draws its simplest shape)."""
         caps = self.engine.capabilities()
         self._profile = caps.profile
-        speculation = not self.cfg.calibration_only
         methods = self._methods()
-        if methods:
-            r = rotate % len(methods)
-            methods = methods[r:] + methods[:r]
+        n = max(1, len(methods))
+        i = index - 1
+        seed = self.cfg.seed * 100_000 + index
+        common = dict(max_vocab=self.cfg.max_vocab, max_k=self.cfg.max_k,
+                      min_vocab=dict(getattr(caps, "min_vocab", {}) or {}))
+        if not methods:
+            return draw_example(start_shapes(speculation=False, **common), seed, simplest=i == 0)
+        method = methods[i % n]
+        defaults = dict(getattr(caps, "spec_defaults", {}) or {})
+        default = method in defaults and (i < n or (i // n) % DEFAULT_EVERY == 0)
+        strategy = start_shapes(
+            methods=(method,), draft_vocab=caps.draft_vocab, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
+            spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"), **common,
+        )
+        return draw_example(strategy, seed, simplest=i < n)
+
+    def _strategy(self, shape: StartShape):
+        """Case families of one start shape (every family served by one engine start)."""
+        caps = self.engine.capabilities()
+        self._profile = caps.profile
+        speculation = shape.spec is not None
         return case_families(
-            max_patterns=self.cfg.max_patterns, max_vocab=self.cfg.max_vocab, max_tokens=self.cfg.max_tokens,
-            max_k=self.cfg.max_k, methods=methods or None,
+            max_patterns=self.cfg.max_patterns, shape=shape, max_tokens=self.cfg.max_tokens,
             sampling=(getattr(caps, "sampling_with_speculation", None) or caps.sampling) if speculation else caps.sampling,
-            draft_vocab=caps.draft_vocab,
-            speculation=speculation, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
-            min_vocab=dict(getattr(caps, "min_vocab", {}) or {}),
         )
 
-    def _search(self, strategy, search_seed: int) -> tuple[list[Case], CaseRun, CaseRun, int] | None:
-        """One Hypothesis run; returns the smallest confirmed failure (family, run,
-        confirmation, confirmation index)."""
+    def _slice_s(self) -> float:
+        """A search's time slice: SLICE_START_FACTOR x the engine's mean start time (at least
+        SEARCH_SLICE_MIN_S), at most budget / (2 x methods) when that is longer than the minimum."""
+        e = self.engine
+        start_s = e.seconds["start"] / e.starts if e.starts else FIRST_START_GUESS_S
+        cap = max(SEARCH_SLICE_MIN_S, self.cfg.budget_s / (2 * max(1, len(self._methods()))))
+        return min(cap, max(SEARCH_SLICE_MIN_S, SLICE_START_FACTOR * start_s))
+
+    def _search(self, strategy, search_seed: int, shape_key: str = "") -> tuple[list[Case], CaseRun, CaseRun, int] | None:
+        """One Hypothesis run over one start shape; returns the smallest confirmed failure
+        (family, run, confirmation, confirmation index). ``shape_key`` keys the shape's
+        examples in the Hypothesis database."""
         confirmed: list[tuple[list[Case], CaseRun, CaseRun, int]] = []
         label_of_first: list[str | None] = []
         # A crash is shrunk too: Hypothesis keeps the smallest family that crashes the
@@ -360,21 +515,32 @@ class Campaign:
             counter[0] += 100_003
             return counter[0]
 
-        # A search gets a time slice, so that slow engines still reach every method
-        # (the strategy's method order rotates between searches); shrinking a failure
-        # runs on until the campaign's own budget ends.
-        slice_end = time.monotonic() + max(SEARCH_SLICE_MIN_S, self.cfg.budget_s / (2 * max(1, len(self._methods()))))
+        # A search gets a time slice, so that the campaign reaches every method and many
+        # shapes; shrinking a failure runs on until the campaign's own budget ends.
+        slice_end = time.monotonic() + self._slice_s()
         simplest = simplest_key(strategy)
+        shrink_t0: list[float] = []
 
-        @hyp_seed(search_seed)
-        @settings(
+        def shrinking() -> None:
+            if not shrink_t0:
+                self._save_state()  # the time so far was searching
+                shrink_t0.append(time.monotonic())
+                self._shrinking = True
+
+        def search(cases: list[Case]) -> None:
+            run_example(cases)
+
+        # Each shape keys its own examples in the database (a stored failure is replayed on
+        # the shape it was found on).
+        search._hypothesis_internal_add_digest = shape_key.encode()  # type: ignore[attr-defined]
+        search = hyp_seed(search_seed)(settings(
             database=DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis")),
             max_examples=EXAMPLES_PER_SEARCH, deadline=None, derandomize=False, print_blob=False,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
-        )
-        @given(strategy)
-        def example(cases: list[Case]) -> None:
+        )(given(strategy)(search)))
+
+        def run_example(cases: list[Case]) -> None:
             if self._left() <= 0:
                 raise BudgetExhausted
             if not label_of_first and not crash_first and time.monotonic() > slice_end:
@@ -386,7 +552,8 @@ class Campaign:
                 self.simplest_run.add(simplest)
             alphas = [self.cfg.screen_alpha] * len(cases)
             try:
-                runs = self._run(cases, alphas, next_seed(), speculation=speculation)
+                # While a crash shrinks, every candidate runs on a fresh engine process.
+                runs = self._run(cases, alphas, next_seed(), speculation=speculation, fresh=bool(crash_first))
             except (AmbiguousSemantics, OutputSpaceTooLarge):
                 self.stats.rejected += 1
                 reject()
@@ -410,6 +577,7 @@ class Campaign:
                 else:
                     if not crash_first:
                         crash_first.append(key)
+                        shrinking()
                         self.on_event(f"crash ({crash.kind}); shrinking", self.stats)
                     crash_best.append((list(cases), crash))
                     # One raise site: Hypothesis tells failures apart by where they are raised.
@@ -437,12 +605,13 @@ class Campaign:
                     continue
                 if not label_of_first:
                     label_of_first.append(label)
+                    shrinking()
                     self.on_event(f"failure ({label}); shrinking", self.stats)
                 confirmed.append(([r.case], r, conf, j))
                 raise PatternFailed(label)
 
         try:
-            example()
+            search()
         except PatternFailed:
             pass
         except (Flaky, HypothesisException):
@@ -465,7 +634,7 @@ class Campaign:
         key = crash_key(crash)
         for case in family:
             try:
-                runs = self._run([case], [self.cfg.screen_alpha], seed, speculation=speculation)
+                runs = self._run([case], [self.cfg.screen_alpha], seed, speculation=speculation, fresh=True)
             except (AmbiguousSemantics, OutputSpaceTooLarge, InvalidInput):
                 continue
             c = runs[0].crash
@@ -537,8 +706,13 @@ class Campaign:
                 self.search_index += 1
                 self.stats.searches += 1
                 self._save_state()
-                strategy = self._strategy(rotate=self.search_index - 1)
-                found = self._search(strategy, self.cfg.seed * 100_000 + self.search_index)
+                self.shape = self._shape(self.search_index)
+                shape_key = hashlib.sha256(repr(self.shape).encode()).hexdigest()[:16]
+                eng = self.totals["engine"]
+                eng["searches"] += 1
+                eng["shapes"][self.shape.variant] = eng["shapes"].get(self.shape.variant, 0) + 1
+                self.on_event(f"search {self.search_index}: {self.shape.describe()}", self.stats)
+                found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + self.search_index, shape_key)
                 if found is not None:
                     _, run, conf, j = found
                     if armed:  # calibrating and storing may overrun the budget a little
@@ -546,13 +720,15 @@ class Campaign:
                     self._store_failure(run, conf, j)
                     if armed:
                         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
+                self._save_state()
+                self._shrinking = False
         except BudgetExhausted:
             pass
         finally:
             if armed:
                 self._disarm_watchdog()
-            self.engine.close()
-            if self._spec_off_engine is not None:
-                self._spec_off_engine.close()
+            for e in self._engines:
+                e.close()
+            self._drain_events()
             self._save_state()
         return self.stats

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 ENTRY_SCHEMA_VERSION = 1
-ENTRY_KINDS = ("finding", "crash", "calibration", "regression")
+ENTRY_KINDS = ("finding", "crash", "calibration", "regression", "swap")
 STATUSES = ("new", "confirmed", "flaky", "fixed")
 
 

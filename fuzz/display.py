@@ -34,7 +34,8 @@ def _stats_table(cfg, stats) -> Table:
     for label, text in _alpha_rows(cfg, stats, elapsed):
         t.add_row(label, text)
     t.add_row("crashes", str(stats.crashes))
-    t.add_row("engine starts", str(stats.engine_starts))
+    t.add_row("engine starts", f"{stats.engine_starts}, {getattr(stats, 'swaps', 0)} table swaps"
+              + (f" ({stats.swap_fallbacks} fell back to a start)" if getattr(stats, "swap_fallbacks", 0) else ""))
     t.add_row("searches", str(stats.searches))
     return t
 
@@ -80,6 +81,20 @@ class LiveDisplay:
         self.live.__exit__(*exc)
 
 
+def engine_time_table(engine: str, eng: dict, wall: float) -> Table:
+    """Per engine: starts, swaps, families, samples and the share of wall time spent starting,
+    swapping, sampling, shrinking and on everything else (oracle, Hypothesis)."""
+    sec = eng.get("seconds", {})
+    total = sum(sec.values()) or wall or 1.0
+    t = Table(title=f"engine {engine}: where the time went ({total:.0f} s over every run)")
+    for col in ("starts", "swaps", "families", "fam/min", "start", "swap", "sample", "shrink", "other"):
+        t.add_column(col, justify="right")
+    share = [f"{100 * sec.get(k, 0.0) / total:.0f}%" for k in ("start", "swap", "sample", "shrink", "other")]
+    fpm = 60 * eng.get("families", 0) / total
+    t.add_row(str(eng.get("starts", 0)), str(eng.get("swaps", 0)), str(eng.get("families", 0)), f"{fpm:.1f}", *share)
+    return t
+
+
 def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | None = None) -> None:
     console.print(Panel(_stats_table(cfg, stats), title="specfuzz campaign summary"))
     if totals and totals.get("methods"):
@@ -91,6 +106,9 @@ def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | N
             t.add_row(m, str(row["families"]), str(row["patterns"]), str(row["samples"]),
                       ", ".join(f"{k} {n}" for k, n in sorted(var.items())))
         console.print(t)
+    eng = (totals or {}).get("engine")
+    if eng and eng.get("families"):
+        console.print(engine_time_table(cfg.engine, eng, totals.get("seconds", 0.0)))
     entries = [(p, e) for p, e in corpus.entries() if isinstance(e, Entry) and p.name in stats.stored]
     if entries:
         t = Table(title="stored this campaign")

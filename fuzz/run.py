@@ -42,6 +42,15 @@ class CaseRun:
         return self.judgement is not None and self.judgement.failed
 
 
+def max_model_len(tokens: int) -> int:
+    """An engine's context length for ``tokens`` of prompt and output: the next power of two
+    with 16 to spare, at least 64, so that prompts of any length up to it share a start."""
+    n = 64
+    while n < tokens + 16:
+        n *= 2
+    return n
+
+
 def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", speculation: bool = True,
                   settings: dict | None = None) -> EngineConfig:
     ck = materialize(case, ckpt_root, dtype)
@@ -53,7 +62,7 @@ def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", specul
         draft_dir=ck.draft_dir if spec is not None else None,
         speculation=spec,
         dtype=dtype,
-        max_model_len=max(64, len(case.prompt) + case.params.max_tokens + 16),
+        max_model_len=max_model_len(len(case.prompt) + case.params.max_tokens),
         settings=st,
         draft_vocab_size=int(case.draft_table.shape[1]) if with_draft else None,
         draft_d2t=tuple(case.draft_d2t) if with_draft and case.draft_d2t is not None else None,
@@ -76,12 +85,14 @@ def run_family(
     settings: dict | None = None,
     unseeded: Sequence[bool] | None = None,
     tests: Sequence[CaseTest] | None = None,
+    fresh: bool = False,
 ) -> list[CaseRun]:
     """Sample request patterns sharing one model family on one engine, in mixed batches.
 
     Every batch holds requests of every pattern still undecided (distinct seeds, or no
     seed for patterns marked ``unseeded``); a pattern stops early once its evidence
     reaches 1/α, otherwise at ``max_samples``. A crash ends every pattern's run.
+    ``fresh``: start the engine afresh (no reuse, no table swap) before sampling.
     """
     t0 = time.perf_counter()
     tests = list(tests) if tests is not None else [
@@ -95,7 +106,7 @@ def run_family(
     next_seed = seed
     crash: EngineCrash | None = None
     try:
-        engine.start(cfg)
+        engine.start(cfg, fresh=fresh)
         while True:
             live = [i for i, r in enumerate(runs) if r.n < max_samples and tests[i].test.log_e < thresholds[i]]
             if not live:

@@ -127,6 +127,11 @@ class SpecConfig:
     tree_topk: int = 2  # children per node
     tree_budget: int = 4  # draft nodes per tree (excluding the root)
     inject: str | None = None  # one of BUG_CLASSES
+    # The engine's own default configuration of this method: the adapter sends only the
+    # knobs the engine requires (method, draft model, and K where the engine has no
+    # default), and the fields above hold what the engine documents it then uses
+    # (Capabilities.spec_defaults), as far as SpecConfig can say it.
+    engine_default: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ENGINE_METHODS:
@@ -160,7 +165,10 @@ class SpecConfig:
         return self.method in ("eagle_tree", "ngram_tree")
 
     def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if not self.engine_default:
+            del out["engine_default"]  # absent = False: cases stored before the field stay byte-equal
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping) -> "SpecConfig":

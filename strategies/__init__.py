@@ -2,9 +2,17 @@
 
 Every choice shrinks toward the simplest value: small vocabularies, K=1, temperature
 1, no optional sampling feature, the shortest output.
+
+Engine starts are expensive and table swaps are cheap, so a campaign splits a case in
+two: a :class:`StartShape` (:func:`start_shapes`), everything one engine start serves
+(vocabulary, EOS, speculation settings, the draft's width and id map), and, within a
+shape, a stream of table models and request patterns (``case_families(shape=...)``)
+that a running engine takes by swapping its tables.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
@@ -122,9 +130,20 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
     return _spec()
 
 
+# Long prompts: up to this many tokens; a long prompt repeats a motif, so that n-gram
+# drafting with an engine's default window (vLLM: 5 tokens) finds matches.
+LONG_PROMPT_MAX = 40
+
+
 @st.composite
-def prompts(draw, V: int, max_len: int = 6):
-    """Prompts; half of them repeat an n-gram so that n-gram drafting fires."""
+def prompts(draw, V: int, max_len: int = 6, long: bool = False):
+    """Prompts; half of them repeat an n-gram so that n-gram drafting fires. ``long``: a
+    quarter of them are long (a motif of up to 8 tokens repeated, up to LONG_PROMPT_MAX)."""
+    if long and draw(st.integers(0, 3)) == 3:
+        motif = draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=8))
+        n = draw(st.integers(max(2, 12 // len(motif)), max(2, LONG_PROMPT_MAX // len(motif))))
+        tail = draw(st.lists(st.integers(0, V - 1), max_size=3))
+        return tuple((motif * n + tail)[:LONG_PROMPT_MAX])
     base = draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=max_len))
     if len(base) >= 2 and draw(st.booleans()):
         n = draw(st.integers(1, min(3, len(base))))
@@ -138,6 +157,96 @@ def _draft_width(draw, V: int, spec: SpecConfig, draft_vocab: str) -> int:
     hi = V if (spec.is_tree or draft_vocab == "narrower") else V + 1
     # Shrinks toward the target's own width (the simplest draft).
     return V - draw(st.integers(0, V - 2)) if draw(st.booleans()) else min(hi, V + draw(st.integers(0, hi - V)))
+
+
+# Vocabulary sizes a campaign's engine starts use: a few fixed widths, so that starts are
+# reused by many table models.
+VOCAB_WIDTHS: tuple[int, ...] = (2, 3, 4, 5, 6, 8, 12, 16)
+
+
+@dataclass(frozen=True)
+class StartShape:
+    """What one engine start serves: everything a table swap cannot change."""
+
+    vocab_size: int
+    eos_token_id: int | None
+    spec: SpecConfig | None  # None: speculation off
+    draft_width: int | None = None  # columns of the draft table; None: no draft model
+    draft_d2t: tuple[int, ...] | None = None  # an EAGLE-3 reduced vocabulary's id map
+
+    @property
+    def variant(self) -> str:
+        if self.spec is None:
+            return "off"
+        return "engine default" if self.spec.engine_default else "drawn"
+
+    def describe(self) -> str:
+        if self.spec is None:
+            return f"off V={self.vocab_size}"
+        s = self.spec
+        out = f"{s.method}{' (engine default)' if s.engine_default else ''} K={s.num_speculative_tokens} V={self.vocab_size}"
+        if self.draft_width is not None and self.draft_width != self.vocab_size:
+            out += f" draft width {self.draft_width}"
+        return out
+
+
+@st.composite
+def start_shapes(
+    draw,
+    max_vocab: int = 4,
+    max_k: int = 3,
+    methods=None,
+    speculation: bool = True,
+    draft_vocab: str = "any",
+    spec_knobs: dict | None = None,
+    min_vocab: dict | None = None,
+    spec_defaults: dict | None = None,
+    engine_default: bool = False,
+    inject: str | None = None,
+    widths: tuple[int, ...] = VOCAB_WIDTHS,
+) -> StartShape:
+    """A start shape: V from ``widths`` (within the methods' floors and ``max_vocab``), EOS,
+    speculation settings and the draft's width. ``engine_default``: the method runs at the
+    engine's own defaults (``spec_defaults[method]``), only K drawn (engines require it)."""
+    floors = dict(min_vocab or {})
+    methods = tuple(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"))
+    lo_v = min(max(2, floors.get(m, 2)) for m in methods) if speculation else 2
+    Vs = [v for v in widths if lo_v <= v <= max_vocab] or ([max_vocab] if lo_v <= max_vocab else [])
+    if not Vs:
+        raise InvalidArgument(f"max_vocab={max_vocab}: methods {methods} need a vocabulary of at least {lo_v}")
+    V = draw(st.sampled_from(Vs))
+    eos = draw(st.none() | st.integers(0, V - 1))
+    if not speculation:
+        return StartShape(V, eos, None)
+    fit = tuple(m for m in methods if floors.get(m, 2) <= V)
+    if engine_default:
+        method = draw(st.sampled_from(fit))
+        kw = dict((spec_defaults or {}).get(method) or {})
+        kw.update(method=method, num_speculative_tokens=draw(st.integers(1, max_k)), engine_default=True, inject=inject)
+        spec = SpecConfig(**kw)
+    else:
+        spec = draw(spec_configs(fit, max_k, inject, spec_knobs))
+    width = d2t = None
+    if spec.uses_draft_model:
+        width = _draft_width(draw, V, spec, "narrower" if spec.method in ("eagle", "eagle3") else draft_vocab)
+        if spec.method == "eagle3" and width < V:
+            d2t = draw(reduced_vocab_maps(V, width))
+    return StartShape(V, eos, spec, width, d2t)
+
+
+@st.composite
+def shape_cases(draw, shape: StartShape, max_tokens: int = 3, sampling: frozenset[str] = ALL_SAMPLING,
+                min_tokens_speculating: int = 1) -> Case:
+    """A case of a given start shape: target and draft tables, prompt, request."""
+    V = shape.vocab_size
+    target = draw(tables(V, V))
+    prompt = draw(prompts(V, long=True))
+    lo = min(max_tokens, min_tokens_speculating) if shape.spec is not None else 1
+    mt = draw(st.integers(lo, max_tokens))
+    params = draw(sampling_params(V, mt, shape.eos_token_id, sampling))
+    draft = draw(draft_tables(target, shape.draft_width)) if shape.draft_width is not None else None
+    return Case(target, prompt, params, eos_token_id=shape.eos_token_id, spec=shape.spec, draft_table=draft,
+                draft_d2t=shape.draft_d2t)
 
 
 @st.composite
@@ -199,18 +308,26 @@ def reduced_vocab_maps(draw, V: int, v_draft: int):
 
 
 @st.composite
-def case_families(draw, max_patterns: int = 3, **kw) -> list[Case]:
+def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, **kw) -> list[Case]:
     """Several request patterns on one model family (same tables and speculation settings).
 
-    One engine start serves the whole family; the patterns differ in prompt and sampling
-    settings, so a batch mixes them (greedy with random, different prompts, ...).
+    One engine start (or swap) serves the whole family; the patterns differ in prompt and
+    sampling settings, so a batch mixes them (greedy with random, different prompts, ...).
+    ``shape``: every family has this start shape (kw then takes only ``max_tokens``,
+    ``sampling`` and ``min_tokens_speculating``).
     """
-    first = draw(cases(**kw))
+    if shape is not None:
+        kw = {k: v for k, v in kw.items() if k in ("max_tokens", "sampling", "min_tokens_speculating")}
+        first = draw(shape_cases(shape, **kw))
+        speculating = shape.spec is not None
+    else:
+        first = draw(cases(**kw))
+        speculating = kw.get("speculation", True)
     V = first.vocab_size
     out = [first]
     for _ in range(draw(st.integers(0, max_patterns - 1))):
-        lo = min(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1)) if kw.get("speculation", True) else 1
+        lo = min(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1)) if speculating else 1
         mt = draw(st.integers(lo, kw.get("max_tokens", 3)))
         params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING)))
-        out.append(first.with_(prompt=draw(prompts(V)), params=params))
+        out.append(first.with_(prompt=draw(prompts(V, long=shape is not None)), params=params))
     return out

@@ -124,3 +124,30 @@ class SlowEngine(ReferenceEngine):
     def generate(self, requests):
         time.sleep(60)
         return super().generate(requests)
+
+
+class StaleSwapEngine(ReferenceEngine):
+    """Claims in-place table swaps, but its update path keeps the old target table (a
+    stale-weights bug). The post-swap table check must catch it before any sample is
+    taken from the stale table."""
+
+    name = "stale-swap"
+
+    def swap(self, config: EngineConfig):
+        old = self._table
+        report = super().swap(config)
+        self._table = old  # the bug: the new weights never reach the sampler
+        self._laws.clear()
+        self._process_laws.clear()
+        return report
+
+
+class NoSwapEngine(ReferenceEngine):
+    """An engine that cannot load tables in place (Capabilities.swap empty)."""
+
+    name = "no-swap"
+
+    def capabilities(self):
+        from dataclasses import replace
+
+        return replace(super().capabilities(), swap=frozenset())

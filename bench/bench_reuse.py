@@ -1,0 +1,138 @@
+"""Families per minute and where a campaign's wall time goes: engine reuse by table swaps.
+
+Runs a real campaign (``specfuzz.fuzz.campaign.Campaign``) for a fixed budget on one engine
+and reports the model families it ran per minute and the share of wall time spent
+starting engines, swapping tables, sampling (the engine's generate calls) and on
+everything else. The timing wraps ``IsolatedEngine.start`` / ``generate`` (and ``_swap``
+where it exists) at class level, so the same bench runs on code from before table swaps
+existed (the "before" numbers) and after, at equal budget:
+
+    python bench/bench_reuse.py --engine vllm --budget 300 --label "before (af427f2)" --out bench/results/reuse_vllm_cpu.json
+    python bench/bench_reuse.py --engine vllm --budget 300 --label after --out bench/results/reuse_vllm_cpu.json
+
+``--no-swap`` runs the new code with swaps off (a start per table model). Results are
+appended to ``--out`` (one JSON file per engine and machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _timed(cls, name: str, bucket: dict, key: str) -> None:
+    orig = getattr(cls, name, None)
+    if orig is None:
+        return
+
+    def wrapper(self, *a, **kw):
+        t0 = time.monotonic()
+        depth = bucket.setdefault("_depth", [0])
+        depth[0] += 1
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            depth[0] -= 1
+            dt = time.monotonic() - t0
+            bucket[key] = bucket.get(key, 0.0) + dt
+            if key == "swap":  # a swap runs inside start(): keep it out of the start bucket
+                bucket["swap_in_start"] = bucket.get("swap_in_start", 0.0) + dt
+
+    setattr(cls, name, wrapper)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", default="vllm")
+    ap.add_argument("--budget", type=float, default=300.0, help="campaign seconds")
+    ap.add_argument("--method", action="append", dest="methods", help="speculation method (repeatable); 'none' = off")
+    ap.add_argument("--max-vocab", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=600)
+    ap.add_argument("--patterns", type=int, default=3)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--engine-setting", action="append", default=[], metavar="KEY=JSON")
+    ap.add_argument("--no-swap", action="store_true", help="new code, swaps off (a start per table model)")
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    from specfuzz.engines import isolation
+    from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+
+    bucket: dict = {}
+    _timed(isolation.IsolatedEngine, "start", bucket, "start")
+    _timed(isolation.IsolatedEngine, "generate", bucket, "sample")
+    _timed(isolation.IsolatedEngine, "_swap", bucket, "swap")
+
+    settings = {}
+    for kv in args.engine_setting:
+        k, _, v = kv.partition("=")
+        try:
+            settings[k] = json.loads(v)
+        except json.JSONDecodeError:
+            settings[k] = v
+    methods = None if not args.methods else (() if args.methods == ["none"] else tuple(args.methods))
+    with tempfile.TemporaryDirectory(prefix="bench-reuse-") as tmp:
+        kw = dict(engine=args.engine, budget_s=args.budget, corpus_dir=Path(tmp) / "corpus", seed=args.seed, methods=methods,
+                  max_samples=args.samples, batch=args.batch, max_vocab=args.max_vocab, max_tokens=args.max_tokens,
+                  max_patterns=args.patterns, dtype=args.dtype, work_dir=Path(tmp) / "wd", engine_settings=settings)
+        if "swap" in CampaignConfig.__dataclass_fields__:
+            kw["swap"] = not args.no_swap
+        elif args.no_swap:
+            pass  # code from before swaps: a start per table model anyway
+        camp = Campaign(CampaignConfig(**kw))
+        t0 = time.monotonic()
+        stats = camp.run()
+        wall = time.monotonic() - t0
+        totals = dict(camp.totals)
+    start = bucket.get("start", 0.0) - bucket.get("swap_in_start", 0.0)
+    swap = bucket.get("swap", 0.0)
+    sample = bucket.get("sample", 0.0)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent).stdout.strip()
+    except OSError:
+        commit = ""
+    row = {
+        "label": args.label or ("no swap" if args.no_swap else "swap"),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+        "engine": args.engine,
+        "methods": list(methods) if methods is not None else "all",
+        "budget_s": args.budget,
+        "wall_s": round(wall, 1),
+        "families": stats.cases,
+        "families_per_min": round(60 * stats.cases / wall, 2),
+        "patterns": stats.patterns,
+        "samples": stats.samples,
+        "engine_starts": stats.engine_starts,
+        "swaps": getattr(stats, "swaps", 0),
+        "swap_fallbacks": getattr(stats, "swap_fallbacks", 0),
+        "searches": stats.searches,
+        "stored": list(stats.stored),
+        "share": {k: round(v / wall, 3) for k, v in (("start", start), ("swap", swap), ("sample", sample),
+                                                      ("other", max(0.0, wall - start - swap - sample)))},
+        "campaign_time_totals": (totals.get("engine") or {}).get("seconds"),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": platform.python_version(),
+        "argv": sys.argv[1:],
+    }
+    out = json.loads(args.out.read_text()) if args.out.exists() else {"bench": "bench/bench_reuse.py", "runs": []}
+    out["runs"].append(row)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: row[k] for k in ("label", "families", "families_per_min", "engine_starts", "swaps", "share")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
