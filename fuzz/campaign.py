@@ -417,10 +417,11 @@ class Campaign:
         started engine, at the next confirmation's α_j (spent and written to the ledger
         first); returns the run and j."""
         j, a = self.ledger.spend()
+        t0 = time.monotonic()
         conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=True)[0]
         self.stats.confirmations += 1
         self.stats.confirmed += int(conf.failed)
-        self.stats.unconfirmed_s += 0.0 if conf.failed else conf.seconds
+        self.stats.unconfirmed_s += 0.0 if conf.failed else time.monotonic() - t0  # engine start and close included
         self.stats.budget = self.ledger.read()
         return conf, j
 
