@@ -61,6 +61,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-setting", action="append", default=[], metavar="KEY=JSON")
     ap.add_argument("--no-swap", action="store_true", help="new code, swaps off (a start per table model)")
+    ap.add_argument("--known", type=Path, default=None,
+                    help="a corpus folder whose entries the campaign starts with (known bugs are then seen again, not "
+                         "shrunk again: a campaign resumed by a user who has its engine's findings already)")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -82,6 +85,12 @@ def main() -> int:
             settings[k] = v
     methods = None if not args.methods else (() if args.methods == ["none"] else tuple(args.methods))
     with tempfile.TemporaryDirectory(prefix="bench-reuse-") as tmp:
+        if args.known is not None:
+            import shutil
+
+            (Path(tmp) / "corpus").mkdir()
+            for f in sorted(Path(args.known).glob("*.json")):
+                shutil.copy(f, Path(tmp) / "corpus" / f.name)
         kw = dict(engine=args.engine, budget_s=args.budget, corpus_dir=Path(tmp) / "corpus", seed=args.seed, methods=methods,
                   max_samples=args.samples, batch=args.batch, max_vocab=args.max_vocab, max_tokens=args.max_tokens,
                   max_patterns=args.patterns, dtype=args.dtype, work_dir=Path(tmp) / "wd", engine_settings=settings)
@@ -119,6 +128,8 @@ def main() -> int:
         "swap_fallbacks": getattr(stats, "swap_fallbacks", 0),
         "searches": stats.searches,
         "stored": list(stats.stored),
+        "known": str(args.known) if args.known else None,
+        "findings_seen_again": getattr(stats, "findings_updated", 0),
         "share": {k: round(v / wall, 3) for k, v in (("start", start), ("swap", swap), ("sample", sample),
                                                       ("other", max(0.0, wall - start - swap - sample)))},
         "campaign_time_totals": (totals.get("engine") or {}).get("seconds"),

@@ -87,9 +87,11 @@ def parse_settings(items: tuple[str, ...]) -> dict:
 @click.option("--batch", default=600, show_default=True, help="Requests per engine call (all patterns of a family mixed).")
 @click.option("--patterns", default=3, show_default=True, type=click.IntRange(1, 64),
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
+@click.option("--no-swap", is_flag=True,
+              help="Start the engine afresh for every table model instead of loading new tables into the running engine.")
 @click.option("--worker-index", default=0, hidden=True)
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
@@ -112,6 +114,9 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     else:
         meth = tuple(methods)
     procs = []
+    if workers > 1:
+        # N campaign processes on one device: split its memory between their engines.
+        engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings).items())
     if workers > 1 and worker_index == 0:
         import subprocess
 
@@ -126,13 +131,13 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                 cmd += ["--method", m]
             for kv in engine_settings:
                 cmd += ["--engine-setting", kv]
-            cmd += ["--batch", str(batch), "--patterns", str(patterns)]
+            cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=_engine_kwargs(engine, inject), budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
-        max_patterns=patterns,
+        max_patterns=patterns, swap=not no_swap,
     )
     display = None if quiet else LiveDisplay(cfg, console)
     campaign = Campaign(cfg, on_event=None if display is None else display.update)
@@ -145,7 +150,42 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     finally:
         for p in procs:
             p.wait()
-    print_summary(console, cfg, stats, campaign.corpus, campaign.totals)
+    totals = campaign.totals
+    if procs:
+        from specfuzz.fuzz.campaign import merge_worker_totals
+
+        totals = merge_worker_totals(corpus_dir, workers, totals)
+    print_summary(console, cfg, stats, campaign.corpus, totals)
+
+
+# Each campaign process runs up to this many engines at once (searching, speculation-off
+# calibration, a fresh confirmation engine).
+ENGINES_PER_WORKER = 3
+# The share of a GPU that specfuzz's engines may use in all.
+DEVICE_SHARE = 0.8
+# The engine setting that sizes an engine's share of the GPU, per built-in engine.
+MEMORY_SETTING = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
+
+
+def _device_share(engine: str, workers: int, given: tuple[str, ...]) -> dict:
+    """Settings that split one GPU between ``workers`` campaign processes (none when the
+    engine has no such setting, there is no GPU, or the user or site sized it already)."""
+    import os
+
+    key = MEMORY_SETTING.get(engine)
+    if key is None:
+        return {}
+    site = os.environ.get(f"SPECFUZZ_{engine.upper()}_SETTINGS", "")
+    if any(kv.split("=", 1)[0] in (key, "kv_cache_memory_bytes") for kv in given) or key in site or "kv_cache_memory_bytes" in site:
+        return {}
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+    except ImportError:
+        return {}
+    return {key: round(DEVICE_SHARE / (ENGINES_PER_WORKER * workers), 4)}
 
 
 @main.command("law")

@@ -176,6 +176,10 @@ SPECULATIVE_SETTING_PREFIX = "speculative_"
 _OWN_SETTINGS = ("multiprocessing", "env", "speculative_config", "cpu_kvcache_space_gib", "shutdown_timeout_s", "model_runner")
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 DEFAULT_CPU_MEMORY_UTILIZATION = 0.3
+# On CUDA, unless gpu_memory_utilization or kv_cache_memory_bytes is given: a campaign runs up
+# to three engines at once (searching, speculation-off calibration, a fresh confirmation),
+# and a table model needs little memory; vLLM's own default (0.92) would leave none for them.
+DEFAULT_CUDA_MEMORY_UTILIZATION = 0.25
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULT_SEED = 0
 # A logits row that comes back as log-probabilities (vLLM 0.25 CUDA V1 prompt logprobs under
@@ -641,6 +645,8 @@ class VLLMEngine(Engine):
                 space = settings.get("cpu_kvcache_space_gib", os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_SPACE_GIB))
                 cpu_env["VLLM_CPU_KVCACHE_SPACE"] = str(space)
                 kwargs["gpu_memory_utilization"] = DEFAULT_CPU_MEMORY_UTILIZATION
+            elif "gpu_memory_utilization" not in settings and "kv_cache_memory_bytes" not in settings:
+                kwargs["gpu_memory_utilization"] = DEFAULT_CUDA_MEMORY_UTILIZATION
             if spec_dict:
                 kwargs["speculative_config"] = spec_dict
                 if _engine_args_accept("per_request_spec_decode_metrics"):  # vLLM >= 0.26-ish; not 0.25

@@ -119,6 +119,36 @@ def draw_example(strategy, seed: int, simplest: bool = False):
     return seen[-1]
 
 
+def merge_worker_totals(corpus_dir: Path, workers: int, first: dict) -> dict:
+    """The totals of ``workers`` campaign processes sharing a corpus, added up (worker 0's
+    are ``first``; the others' are read from their state files)."""
+    out = json.loads(json.dumps(first))
+    out["workers"] = 1
+    for w in range(1, workers):
+        try:
+            d = json.loads((Path(corpus_dir) / ".specfuzz" / f"state-w{w}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        t = d.get("totals") or {}
+        out["workers"] += 1
+        out["seconds"] = out.get("seconds", 0.0) + t.get("seconds", 0.0)
+        for m, row in (t.get("methods") or {}).items():
+            dst = out.setdefault("methods", {}).setdefault(m, {"families": 0, "patterns": 0, "samples": 0})
+            for k in ("families", "patterns", "samples"):
+                dst[k] = dst.get(k, 0) + row.get(k, 0)
+            for v, n in (row.get("variants") or {}).items():
+                dst.setdefault("variants", {})[v] = dst.get("variants", {}).get(v, 0) + n
+        e, src = out.setdefault("engine", {}), t.get("engine") or {}
+        for k, v in src.items():
+            if isinstance(v, (int, float)):
+                e[k] = e.get(k, 0) + v
+            elif isinstance(v, dict):
+                dst = e.setdefault(k, {})
+                for kk, vv in v.items():
+                    dst[kk] = dst.get(kk, 0) + vv
+    return out
+
+
 def simplest_key(strategy) -> str | None:
     """The key of the example Hypothesis tries first in a search (its all-simplest choices,
     whatever the seed); not ``find``'s result, which prefers fewer choices (another method)."""
@@ -676,6 +706,11 @@ class Campaign:
                 entry = finding_entry(version, run, calib)
         entry.extra["confirmation"] = None if conf.judgement is None else conf.judgement.verdict.to_dict()
         entry.extra["confirmation_index"] = j  # the campaign's j-th confirmation, at α_j
+        # Where the search met it: a swapped engine (and engine state a swap kept, which
+        # changes what gets drafted); the confirmation ran on a freshly started engine.
+        last = self.engine.last_swap
+        entry.extra["found_on"] = {"engine_swaps": self.engine.swaps, "confirmed_on": "fresh engine start",
+                                   "kept_across_swap": list(getattr(last, "kept", ()) or ()) if last is not None else []}
         entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)

@@ -81,16 +81,18 @@ class LiveDisplay:
         self.live.__exit__(*exc)
 
 
-def engine_time_table(engine: str, eng: dict, wall: float) -> Table:
-    """Per engine: starts, swaps, families, samples and the share of wall time spent starting,
-    swapping, sampling, shrinking and on everything else (oracle, Hypothesis)."""
+def engine_time_table(engine: str, eng: dict, wall: float, workers: int = 1) -> Table:
+    """Per engine: starts, swaps, families, and the share of wall time spent starting,
+    swapping, sampling, shrinking and on everything else (oracle, Hypothesis); families per
+    minute of campaign time (``workers`` processes running side by side add up)."""
     sec = eng.get("seconds", {})
     total = sum(sec.values()) or wall or 1.0
-    t = Table(title=f"engine {engine}: where the time went ({total:.0f} s over every run)")
+    who = f", {workers} workers" if workers > 1 else ""
+    t = Table(title=f"engine {engine}: where the time went ({total:.0f} s over every run{who})")
     for col in ("starts", "swaps", "families", "fam/min", "start", "swap", "sample", "shrink", "other"):
         t.add_column(col, justify="right")
     share = [f"{100 * sec.get(k, 0.0) / total:.0f}%" for k in ("start", "swap", "sample", "shrink", "other")]
-    fpm = 60 * eng.get("families", 0) / total
+    fpm = 60 * eng.get("families", 0) * workers / total
     t.add_row(str(eng.get("starts", 0)), str(eng.get("swaps", 0)), str(eng.get("families", 0)), f"{fpm:.1f}", *share)
     return t
 
@@ -98,7 +100,8 @@ def engine_time_table(engine: str, eng: dict, wall: float) -> Table:
 def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | None = None) -> None:
     console.print(Panel(_stats_table(cfg, stats), title="specfuzz campaign summary"))
     if totals and totals.get("methods"):
-        t = Table(title=f"campaign totals over {totals.get('runs', 1)} run(s), {totals.get('seconds', 0):.0f} s (resumed runs add up)")
+        who = f" of {totals['workers']} workers" if totals.get("workers", 1) > 1 else ""
+        t = Table(title=f"campaign totals over {totals.get('runs', 1)} run(s){who}, {totals.get('seconds', 0):.0f} s (resumed runs add up)")
         for col in ("method", "families", "patterns", "samples", "variants (families)"):
             t.add_column(col)
         for m, row in sorted(totals["methods"].items()):
@@ -108,7 +111,7 @@ def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | N
         console.print(t)
     eng = (totals or {}).get("engine")
     if eng and eng.get("families"):
-        console.print(engine_time_table(cfg.engine, eng, totals.get("seconds", 0.0)))
+        console.print(engine_time_table(cfg.engine, eng, totals.get("seconds", 0.0), int(totals.get("workers", 1))))
     entries = [(p, e) for p, e in corpus.entries() if isinstance(e, Entry) and p.name in stats.stored]
     if entries:
         t = Table(title="stored this campaign")

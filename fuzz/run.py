@@ -150,7 +150,7 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
         version = dict(engine.version())
     except EngineCrash:
         version = {"name": engine_name}
-    extra: dict = {"crash_kind": crash.kind, "dtype": dtype}
+    extra: dict = {"crash_kind": crash.kind, "dtype": dtype, "engine_default": _engine_default(case)}
     if settings:
         extra["engine_settings"] = dict(settings)
     if len(family) > 1:
@@ -160,6 +160,11 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
         evidence=f"engine {crash.kind}: {crash.detail}", log=crash.log_tail,
         extra=extra,
     )
+
+
+def _engine_default(case: Case) -> bool:
+    """Whether the case ran its speculation method at the engine's own defaults."""
+    return bool(case.spec is not None and case.spec.engine_default)
 
 
 def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | None) -> Entry:
@@ -175,7 +180,7 @@ def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | Non
         calibration=None if calibration is None or calibration.judgement is None else calibration.judgement.verdict.to_dict(),
         evidence=j.verdict.evidence,
         extra={"broken_condition": j.broken_condition, "optimal_samples": j.to_json()["optimal_samples"],
-               "dtype": run.dtype,
+               "dtype": run.dtype, "engine_default": _engine_default(run.case),
                "acceptance": {"proposed": run.proposed, "accepted": run.accepted}},
     )
 

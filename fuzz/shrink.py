@@ -227,18 +227,23 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     counter = [seed]
 
     def reproduces(c: Case):
-        for _ in range(max(1, int(attempts))):
-            got = once(c)
+        for i in range(max(1, int(attempts))):
+            # A crash candidate starts on a fresh engine process; its further attempts run
+            # on that same process (crashes that come and go with the process's history).
+            got = once(c, fresh=want_crash is not None and i == 0)
             if got:
                 return got
         return None
 
-    def once(c: Case):
+    def once(c: Case, fresh: bool = False):
+        # A finding's candidate may run on a swapped engine; one that reproduces there is run
+        # again on a fresh one before it counts (a swap never decides what is kept).
         counter[0] += 1
+        swaps = getattr(engine, "swaps", 0)
         try:
             run = run_case(engine, c, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
                            seed=counter[0], profile=profile, speculation=entry.kind != "calibration",
-                           dtype=dtype, settings=settings)
+                           dtype=dtype, settings=settings, fresh=fresh)
         except EngineCrash as exc:
             return exc if want_crash is not None and crash_key(exc) == want_crash else None
         except SpecfuzzError:
@@ -250,6 +255,8 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
         got = run.judgement.attribution.label if run.judgement.attribution else None
         if label not in (None, "unknown") and got != label:
             return None
+        if not fresh and getattr(engine, "swaps", 0) != swaps:
+            return once(c, fresh=True)
         return run
 
     return reproduces

@@ -504,3 +504,44 @@ def test_speculation_on_capabilities_drop_min_p_and_logit_bias_and_refuse_them(s
     for params in (SP(min_p=0.2), SP(logit_bias={1: 1.0})):
         with pytest.raises(InvalidInput, match="speculative decoding"):
             eng.generate([Request(case.prompt, params)])
+
+
+# ----------------------------------------------------------------------------- engine defaults, site settings (fast)
+
+
+def test_engine_default_variants_send_only_the_knobs_vllm_requires(tmp_path):
+    """An engine-default variant pins nothing vLLM does not: no n-gram window, no draft
+    sampling method, no explicit draft_model method (vLLM infers it from a model path)."""
+    eng = VLLMEngine()
+    defaults = eng.capabilities().spec_defaults
+    assert defaults["ngram"]["ngram_min"] == defaults["ngram"]["ngram_max"] == 5
+    assert defaults["draft_model"]["draft_sampling"] == "greedy"
+    ngram = eng.check_config(_config(tmp_path, SpecConfig("ngram", 2, ngram_min=5, ngram_max=5, engine_default=True)))
+    assert ngram == {"method": "ngram", "num_speculative_tokens": 2}
+    pinned = eng.check_config(_config(tmp_path, SpecConfig("ngram", 2, ngram_min=5, ngram_max=5)))
+    assert pinned["prompt_lookup_min"] == pinned["prompt_lookup_max"] == 5
+    draft = eng.check_config(_config(tmp_path, SpecConfig("draft_model", 3, draft_sampling="greedy", engine_default=True), T))
+    assert set(draft) == {"num_speculative_tokens", "model"}
+
+
+def test_engine_default_variants_leave_the_model_runner_to_vllm(tmp_path, monkeypatch):
+    import specfuzz.engines.vllm_engine as ve
+
+    monkeypatch.setattr(ve, "_has_cuda", lambda: True)
+    eng = VLLMEngine()
+    cfg = _config(tmp_path, SpecConfig("ngram", 2, engine_default=True))
+    assert eng._stock_runner(eng.settings_for(cfg), cfg)
+    cfg = _config(tmp_path, SpecConfig("ngram", 2))
+    assert not eng._stock_runner(eng.settings_for(cfg), cfg)
+
+
+def test_site_wide_speculative_settings_apply_to_speculative_runs_only(tmp_path, monkeypatch):
+    """SPECFUZZ_VLLM_SETTINGS may carry speculative_config keys for a site: a speculation-off
+    calibration run does not see them (it used to refuse them)."""
+    monkeypatch.setenv("SPECFUZZ_VLLM_SETTINGS", '{"speculative_config": {"disable_padded_drafter_batch": true}, "enforce_eager": true}')
+    eng = VLLMEngine()
+    off = _config(tmp_path, None)
+    assert "speculative_config" not in eng.settings_for(off) and eng.settings_for(off)["enforce_eager"] is True
+    assert eng.check_config(off) == {}
+    on = _config(tmp_path, SpecConfig("ngram", 1))
+    assert eng.check_config(on)["disable_padded_drafter_batch"] is True

@@ -253,3 +253,57 @@ def test_a_crash_is_shrunk_to_its_minimal_family(tmp_path):
     assert case.vocab_size == 2 and len(case.prompt) == 1
     assert "batch_patterns" not in shrunk[0]["extra"]  # one pattern is enough
     assert "signal" in shrunk[0]["evidence"]
+
+
+def test_start_shapes_use_fixed_widths_above_each_floor_and_engine_defaults_as_stated():
+    from specfuzz.strategies import VOCAB_WIDTHS, start_shapes
+
+    seen = []
+
+    @settings(database=None, max_examples=200, deadline=None)
+    @given(start_shapes(max_vocab=12, methods=("eagle3", "ngram"), min_vocab={"eagle3": 5}, draft_vocab="narrower",
+                        spec_defaults={"ngram": {"ngram_min": 5, "ngram_max": 5}, "eagle3": {"draft_sampling": "greedy"}},
+                        engine_default=True))
+    def draw(shape):
+        seen.append(shape)
+
+    draw()
+    assert {s.vocab_size for s in seen} <= set(VOCAB_WIDTHS) and all(s.spec.engine_default for s in seen)
+    assert all(s.vocab_size >= 5 for s in seen if s.spec.method == "eagle3")
+    assert all((s.spec.ngram_min, s.spec.ngram_max) == (5, 5) for s in seen if s.spec.method == "ngram")
+    assert all(s.spec.draft_sampling == "greedy" and s.draft_width <= s.vocab_size for s in seen if s.spec.method == "eagle3")
+
+
+def test_every_method_runs_first_at_the_engine_defaults_then_regularly(tmp_path):
+    """Each method's first search is its engine-default variant (where the engine states one),
+    and every DEFAULT_EVERY-th round of searches after; the others draw the knobs."""
+    from dataclasses import replace
+
+    from specfuzz.fuzz.campaign import DEFAULT_EVERY
+
+    camp = Campaign(CampaignConfig(engine="reference", budget_s=5, corpus_dir=tmp_path / "c", methods=("draft_model", "ngram"),
+                                   work_dir=tmp_path / "wd"))
+    caps = replace(camp.engine.capabilities(), spec_defaults={"ngram": {"ngram_min": 3, "ngram_max": 3}})
+    camp.engine.capabilities = lambda: caps
+    try:
+        shapes = [camp._shape(i) for i in range(1, 2 * DEFAULT_EVERY + 3)]
+    finally:
+        camp.engine.close()
+    ngram = [s for s in shapes if s.spec.method == "ngram"]
+    assert ngram[0].spec.engine_default and (ngram[0].spec.ngram_min, ngram[0].spec.ngram_max) == (3, 3)
+    assert any(s.spec.engine_default for s in ngram[1:]) and not all(s.spec.engine_default for s in ngram)
+    assert not any(s.spec.engine_default for s in shapes if s.spec.method == "draft_model")  # no stated default
+
+
+def test_short_and_long_prompts_both_appear_within_a_shape():
+    from specfuzz.strategies import StartShape, shape_cases
+
+    lengths = []
+
+    @settings(database=None, max_examples=150, deadline=None)
+    @given(shape_cases(StartShape(4, None, SpecConfig(method="ngram", num_speculative_tokens=2))))
+    def draw(case):
+        lengths.append(len(case.prompt))
+
+    draw()
+    assert min(lengths) <= 2 and max(lengths) >= 20
