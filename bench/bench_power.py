@@ -24,8 +24,9 @@ Levels per family index i (1, 100, 1000, 10000, 30000), taken from the code unde
   per family, the issue's reading; the old campaign stepped per pattern, which is worse);
 * two-stage scheme (after): screening at the fixed level, confirmation at α_j where j-1
   is the number of confirmations before family i on a correct engine (every one a false
-  candidate): ``measured`` uses the false-candidate rate per family measured by
-  ``bench/bench_screening.py``, ``95% upper bound`` that rate's upper confidence bound,
+  candidate): ``measured`` uses the false-candidate rate per family measured on a correct
+  engine (``--observed`` from a campaign's summary, or ``bench/bench_screening.py``),
+  ``95% upper bound`` that rate's upper confidence bound,
   and ``worst case`` charges every pattern (3 per family) the full screening level α_s
   (Ville's bound, which the e-process is far from reaching).
 
@@ -179,13 +180,23 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=40)
     ap.add_argument("--small-seeds", type=int, default=20)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--observed", nargs=3, type=int, metavar=("CANDIDATES", "PATTERNS", "FAMILIES"), default=None,
+                    help="false candidates seen on a correct engine in so many patterns and families (a campaign's "
+                         "summary); default: bench/results/screening.json")
     args = ap.parse_args()
     if SCHEME == "per-family":
         rates = {"per-family": 0.0}
     else:  # false candidates per family on a correct engine
-        chosen = json.loads((Path(__file__).parent / "results" / "screening.json").read_text())["chosen"]
-        rates = {"measured": chosen["per_family"], "95% upper bound": chosen["per_family_upper95"],
-                 "worst case": PATTERNS_WORST * SCREEN_ALPHA}
+        if args.observed:
+            k, n_pat, n_fam = args.observed
+            from scipy.stats import beta
+
+            ub = 1.0 if k >= n_pat else float(beta.ppf(0.95, k + 1, n_pat - k))  # per pattern
+            measured, upper = k / n_fam, ub * n_pat / n_fam
+        else:
+            chosen = json.loads((Path(__file__).parent / "results" / "screening.json").read_text())["chosen"]
+            measured, upper = chosen["per_family"], chosen["per_family_upper95"]
+        rates = {"measured": measured, "95% upper bound": upper, "worst case": PATTERNS_WORST * SCREEN_ALPHA}
     results = []
     for name, (case, law, note) in variants().items():
         if args.only and name not in args.only:
@@ -199,7 +210,7 @@ def main() -> int:
     out = Path(__file__).parent / "results" / f"power_{SCHEME}.json"
     meta = {"python": sys.version.split()[0], "numpy": np.__version__, "machine": platform.machine(),
             "date": time.strftime("%Y-%m-%d"), "scheme": SCHEME, "alpha": ALPHA, "family_indices": list(FAMILY_INDICES),
-            "false_candidates_per_family": rates}
+            "false_candidates_per_family": rates, "observed": args.observed}
     out.write_text(json.dumps({"meta": meta, "variants": results}, indent=2) + "\n")
     print(f"written to {out}")
     return 0
