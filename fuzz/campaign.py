@@ -54,11 +54,11 @@ from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
-from specfuzz.oracle.budget import SCREEN_ALPHA
+from specfuzz.oracle.budget import SCREEN_ALPHA, AlphaSpender
 from specfuzz.strategies import StartShape, case_families, start_shapes
 
 # 2: the per-family α spender left the state for the shared ledger (fuzz/ledger.py);
-# a schema-1 state keeps it as "legacy_spender".
+# a schema-1 state is migrated, its spender kept as "legacy_spender".
 STATE_SCHEMA_VERSION = 2
 # Examples per Hypothesis search; the campaign runs searches with new seeds until its
 # budget is spent. Bounded so that Hypothesis's own phases (targeting) end too.
@@ -189,6 +189,65 @@ class PatternFailed(Exception):
     """A confirmed failure: Hypothesis shrinks the example that raised it."""
 
 
+class DamagedState(InvalidInput):
+    """The campaign state file exists but cannot be used; nothing is written over it."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            "campaign state", str(path),
+            f"a readable state file: this one {why}. It is left as it is (starting afresh would reset the α already "
+            "spent); run again with --reset-state to keep it aside under a new name and start a fresh state, or put "
+            "back a copy of the corpus's .specfuzz/ folder",
+        )
+
+
+def state_problem(d: object) -> str | None:
+    """Why a parsed state document cannot be resumed (None if it can)."""
+    if not isinstance(d, dict):
+        return f"holds a JSON {type(d).__name__}, not an object"
+    version = d.get("schema_version")
+    if version not in (1, STATE_SCHEMA_VERSION):
+        return f"has schema_version={version!r}, not 1 or {STATE_SCHEMA_VERSION} (another specfuzz version?)"
+    spender = d.get("spender") if version == 1 else d.get("legacy_spender")
+    if version == 1 or spender is not None:
+        try:
+            AlphaSpender.from_json(spender)
+        except (InvalidInput, KeyError, TypeError, ValueError) as exc:
+            return f"has no valid α spender ({type(exc).__name__}: {exc})"
+    searches = d.get("searches", 0)
+    if isinstance(searches, bool) or not isinstance(searches, int) or searches < 0:
+        return f"has searches={searches!r}, not an integer >= 0"
+    totals = d.get("totals") or {}
+    if not isinstance(totals, dict) or not isinstance(totals.get("methods", {}), dict) \
+            or not all(isinstance(v, dict) for v in totals.get("methods", {}).values()):
+        return "has malformed totals"
+    for k in ("seconds", "runs"):
+        if k in totals and (isinstance(totals[k], bool) or not isinstance(totals[k], (int, float))):
+            return f"has totals.{k}={totals[k]!r}, not a number"
+    eng = totals.get("engine", {})
+    if not isinstance(eng, dict) or not isinstance(eng.get("seconds", {}), dict) or not isinstance(eng.get("shapes", {}), dict):
+        return "has malformed engine totals"
+    for k, v in [*eng.items(), *eng.get("seconds", {}).items()]:
+        if k not in ("seconds", "shapes") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"has engine totals {k}={v!r}, not a number"
+    simplest = d.get("simplest_run") or []
+    if not isinstance(simplest, list) or not all(isinstance(x, str) for x in simplest):
+        return "has a malformed simplest_run list"
+    return None
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to ``<name>.<why>-<UTC time>`` beside it (never over another file); the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.{why}-{stamp}")
+    i = 1
+    while target.exists():
+        i += 1
+        target = path.with_name(f"{path.name}.{why}-{stamp}-{i}")
+    path.rename(target)
+    return target
+
+
 @dataclass
 class CampaignConfig:
     engine: str = "reference"
@@ -210,6 +269,7 @@ class CampaignConfig:
     worker: int = 0  # index among parallel workers sharing the corpus (each keeps its own state)
     engine_settings: dict = field(default_factory=dict)  # EngineConfig.settings: backend knobs
     swap: bool = True  # load new tables into a running engine where it can (False: a start per table model)
+    reset_state: bool = False  # start a fresh state; the old file is kept aside (Campaign._load_state)
 
     @property
     def calibration_only(self) -> bool:
@@ -250,12 +310,13 @@ class Campaign:
         self.engine = IsolatedEngine(config.engine, config.engine_kwargs, log_dir=Path(config.work_dir) / "logs",
                                      swap=config.swap)
         self._spec_off_engine: IsolatedEngine | None = None
+        self._fresh_engine: IsolatedEngine | None = None
         self.deadline = time.monotonic() + config.budget_s
         state = self._load_state()
         # The per-family spender of a schema-1 state, kept as written (the ledger counts
         # what it spent; see fuzz/ledger.py).
         self.legacy_spender = state.get("legacy_spender") if state else None
-        self.ledger = AlphaLedger(self.state_dir, config.alpha)
+        self.ledger = AlphaLedger(self.state_dir, config.alpha, reset=config.reset_state, notes=self.state_notes)
         self.stats.budget = self.ledger.read()
         # Known signatures confirmed again in this run: marked seen once per run, so that
         # an engine that keeps showing a known bug does not spend α on it family by family.
@@ -302,18 +363,38 @@ class Campaign:
     # -- state ---------------------------------------------------------------------
 
     def _load_state(self) -> dict | None:
-        try:
-            d = json.loads(self.state_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        """The stored campaign state, validated; None when there is none (a new campaign).
+
+        A damaged state (unreadable, not JSON, another schema, fields of the wrong type) is
+        never replaced silently: starting afresh would reset the α already spent, and with
+        it the campaign-wide false-alarm guarantee. It raises :class:`DamagedState`, which
+        says how to continue; with ``reset_state`` the old file (damaged or not) is kept
+        beside it under a new name and the campaign starts a fresh state.
+        """
+        self.state_notes: list[str] = []
+        path = self.state_path
+        if not path.exists() and not path.is_symlink():
             return None
-        if not isinstance(d, dict) or d.get("schema_version") is None:
-            return None  # not a campaign state: start afresh
-        if d["schema_version"] == 1:  # migrate: the spender moves to the ledger
+        why = None
+        d = None
+        try:
+            d = json.loads(path.read_bytes().decode("utf-8"))
+        except OSError as exc:
+            why = f"cannot be read ({exc.strerror or type(exc).__name__})"
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            why = f"is not JSON ({getattr(exc, 'msg', None) or type(exc).__name__})"
+        if why is None:
+            why = state_problem(d)
+        if self.cfg.reset_state:
+            kept = set_aside(path, "damaged" if why else "old")
+            self.state_notes.append(f"--reset-state: kept the {'damaged ' if why else ''}campaign state as {kept}; "
+                                    "starting a fresh state (the α ledger, alpha.json, goes on unless it is damaged)")
+            return None
+        if why is not None:
+            raise DamagedState(path, why)
+        if d["schema_version"] == 1:  # migrate: the spender moves to the ledger (kept as legacy_spender)
             d = dict(d, schema_version=STATE_SCHEMA_VERSION)
-            d["legacy_spender"] = d.pop("spender", None)
-        if d["schema_version"] != STATE_SCHEMA_VERSION:
-            raise InvalidInput("campaign state schema_version", d.get("schema_version"),
-                               f"1 or {STATE_SCHEMA_VERSION} (a newer specfuzz wrote {self.state_path}; use it, or a fresh --corpus)")
+            d["legacy_spender"] = d.pop("spender")
         return d
 
     def _save_state(self) -> None:
@@ -415,7 +496,12 @@ class Campaign:
         """Run a family. ``fresh``: on a newly started engine process of its own (closed
         afterwards), never a swapped one: what confirmations of a failure use."""
         if fresh:
-            eng = self._new_engine()
+            # One engine for fresh starts, kept between them where the engine restarts
+            # in-process (cheap); closed after use where a fresh start is a new process
+            # (GPU engines: no idle engine holds device memory).
+            if self._fresh_engine is None:
+                self._fresh_engine = self._new_engine()
+            eng = self._fresh_engine
         else:
             eng = engine or self.engine
         before, swaps, falls = eng.starts, eng.swaps, eng.swap_fallbacks
@@ -426,7 +512,7 @@ class Campaign:
                 profile=self._profile, dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings), fresh=fresh,
             )
         finally:
-            if fresh:
+            if fresh and not getattr(self.engine.capabilities(), "restart_in_process", True):
                 eng.close()
         self.stats.engine_starts += eng.starts - before
         self.stats.swaps += eng.swaps - swaps
@@ -451,7 +537,7 @@ class Campaign:
         conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=True)[0]
         self.stats.confirmations += 1
         self.stats.confirmed += int(conf.failed)
-        self.stats.unconfirmed_s += 0.0 if conf.failed else time.monotonic() - t0  # engine start and close included
+        self.stats.unconfirmed_s += 0.0 if conf.failed else time.monotonic() - t0  # engine start included
         self.stats.budget = self.ledger.read()
         return conf, j
 
@@ -480,7 +566,7 @@ class Campaign:
         floors = dict(getattr(caps, "min_vocab", {}) or {})
         fit = tuple(m for m in methods if floors.get(m, 2) <= self.cfg.max_vocab)
         if not fit:
-            need = min(floors[m] for m in methods)
+            need = min(floors.get(m, 2) for m in methods)
             raise InvalidInput("max_vocab", self.cfg.max_vocab,
                                f">= {need} for methods {methods} on this engine (its smallest vocabulary per method: {floors})")
         return fit
@@ -650,6 +736,7 @@ class Campaign:
         except (BudgetExhausted, SearchSliceOver):
             pass
         if crash_best:
+            self._extend_watchdog()  # storing a found crash may overrun the budget a little
             fam, crash = crash_best[-1]
             one = self._crashing_pattern(fam, crash, next_seed(), speculation) if len(fam) > 1 else None
             if one is not None:
@@ -731,12 +818,18 @@ class Campaign:
         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
         return True
 
+    def _extend_watchdog(self, grace_s: float = 120.0) -> None:
+        """Give the watchdog room for storing what a search found (a calibration run, a
+        crash's single-pattern check) past the budget."""
+        if getattr(self, "_armed", False):
+            signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + grace_s)
+
     def _disarm_watchdog(self) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, self._old_handler)
 
     def run(self) -> CampaignStats:
-        armed = self._arm_watchdog()
+        armed = self._armed = self._arm_watchdog()
         try:
             while self._left() > 0:
                 self.search_index += 1

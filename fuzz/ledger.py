@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -64,17 +65,38 @@ class AlphaLedger:
     """The shared confirmation budget of the corpus whose state folder is ``state_dir``.
 
     Opening it creates the ledger (``alpha`` total; migrated from schema-1 state files
-    when there are any) or reads the existing one, whose α total wins over ``alpha``.
+    when there are any) or reads the existing one, whose α total wins over ``alpha``. A
+    damaged ledger is refused (starting afresh would hand out α already spent) unless
+    ``reset`` (``--reset-state``): then it is kept beside under a new name, a fresh one
+    starts, and a line saying so goes to ``notes``.
     """
 
-    def __init__(self, state_dir: Path, alpha: float) -> None:
+    def __init__(self, state_dir: Path, alpha: float, *, reset: bool = False, notes: list[str] | None = None) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / LEDGER_FILE
         with self._locked():
+            if self.path.exists() and reset:
+                try:
+                    self._read()
+                except InvalidInput:
+                    kept = self._set_aside()
+                    if notes is not None:
+                        notes.append(f"--reset-state: kept the damaged α ledger as {kept}; starting a fresh one "
+                                     "(α spending restarts)")
             if not self.path.exists():
                 spenders = legacy_spenders(self.dir)
                 budget = ConfirmationBudget.migrate(spenders) if spenders else ConfirmationBudget(alpha)
                 atomic_write_json(self.path, budget.to_dict())
+            self._read()  # a damaged ledger is refused now, before anything runs
+
+    def _set_aside(self) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target, i = self.path.with_name(f"{LEDGER_FILE}.damaged-{stamp}"), 1
+        while target.exists():
+            i += 1
+            target = self.path.with_name(f"{LEDGER_FILE}.damaged-{stamp}-{i}")
+        self.path.rename(target)
+        return target
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -90,10 +112,13 @@ class AlphaLedger:
     def _read(self) -> ConfirmationBudget:
         try:
             d = json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidInput("campaign α ledger", str(self.path),
-                               "a readable alpha.json (restore it from a copy of the corpus, or start a fresh --corpus)") from exc
-        return ConfirmationBudget.from_dict(d)
+            return ConfirmationBudget.from_dict(d)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError, InvalidInput) as exc:
+            raise InvalidInput(
+                "campaign α ledger", str(self.path),
+                f"a readable alpha.json (this one: {type(exc).__name__}). It is left as it is (starting afresh would hand "
+                "out α already spent); put back a copy of the corpus's .specfuzz/ folder, or run again with "
+                "--reset-state to keep it aside and start a fresh ledger") from exc
 
     def read(self) -> ConfirmationBudget:
         """The budget now (every worker's confirmations included)."""

@@ -170,12 +170,19 @@ def test_concurrent_workers_never_share_a_confirmation_index(tmp_path):
     assert b.confirmations == 120 and b.spent < 1e-3
 
 
-def test_corrupt_ledger_is_refused_not_reset(tmp_path):
+def test_corrupt_ledger_is_refused_and_only_reset_state_sets_it_aside(tmp_path):
     AlphaLedger(tmp_path, 1e-3).spend()
     (tmp_path / "alpha.json").write_text("{not json")
-    with pytest.raises(InvalidInput, match="alpha.json"):
-        AlphaLedger(tmp_path, 1e-3).spend()
+    with pytest.raises(InvalidInput, match="alpha.json.*--reset-state"):
+        AlphaLedger(tmp_path, 1e-3)
     assert (tmp_path / "alpha.json").read_text() == "{not json"
+    notes: list[str] = []
+    fresh = AlphaLedger(tmp_path, 1e-3, reset=True, notes=notes)
+    kept = list(tmp_path.glob("alpha.json.damaged-*"))
+    assert len(kept) == 1 and kept[0].read_text() == "{not json" and kept[0].name in notes[0]
+    assert fresh.read().confirmations == 0
+    fresh.spend()
+    assert AlphaLedger(tmp_path, 1e-3, reset=True).read().confirmations == 1  # a sound ledger goes on
 
 
 def test_confirmation_seed_windows_are_disjoint_and_above_every_screening_seed():
