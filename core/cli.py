@@ -18,6 +18,7 @@ from specfuzz.cli_input import (
     ALPHA, COUNT, DURATION, ENGINE, MAX_TOKENS, MAX_VOCAB, SEED, TOLERANCE, WRITABLE_DIR, Duration, Number, OneLineErrors,
     bug_choice, check_writable_file, dtype_choice, method_choice, parse_duration, read_case_file, read_entry_file,
 )
+from specfuzz.oracle.budget import SCREEN_ALPHA
 
 console = Console()
 
@@ -89,7 +90,11 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=WRITABLE_DIR)
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Deterministic with the same seed (and engine).")
 @click.option("--workers", default=1, show_default=True, type=Number(1, 64, integer=True), help="Parallel campaign processes sharing the corpus.")
-@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA, help="Campaign-wide false-alarm probability.")
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA,
+              help="Campaign-wide false-alarm probability (spent per confirmation; shared by workers and resumed runs).")
+@click.option("--screen-alpha", default=SCREEN_ALPHA, show_default=True, type=ALPHA,
+              help="Fixed level of every family's screening test (not spent from --alpha): crossing it makes a candidate, "
+                   "which is confirmed on fresh samples.")
 @click.option("--samples", "max_samples", default=1000, show_default=True, type=COUNT,
               help="Samples per request pattern when the verdict does not fail earlier.")
 @click.option("--max-vocab", default=5, show_default=True, type=MAX_VOCAB)
@@ -112,7 +117,7 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write a JSON report here (schema: docs/results-schema.json).")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
-def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
+def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
              dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, reset_state, junit_out, json_out,
              worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
@@ -149,10 +154,10 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     if workers > 1:
         # N campaign processes on one device: split its memory between their engines.
         engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings).items())
-    share = alpha / workers if workers > 1 and worker_index == 0 else alpha
+    # Workers share the corpus's α ledger (fuzz/ledger.py): each passes the campaign's α.
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
-        seed=seed, methods=meth, alpha=share, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
+        seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns, swap=not no_swap, reset_state=reset_state,
     )
@@ -183,7 +188,8 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
 
         for w in range(1, workers):
             cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--budget", str(budget_s), "--engine", engine,
-                   "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha / workers),
+                   "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha),
+                   "--screen-alpha", str(screen_alpha),
                    "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens),
                    "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w)]
             cmd += ["--inject", inject] if inject else []

@@ -12,16 +12,19 @@ drawn first and every ``DEFAULT_EVERY``-th search after. A search has a time sli
 enough to amortise its start (a few times the engine's start time).
 
 Each example is run on the engine in mixed batches until every pattern's anytime-valid
-test decides; ``hypothesis.target`` steers generation toward larger evidence. A pattern
-that fails is re-confirmed with fresh samples at a 10x stricter level, on a freshly
-started engine (no swap), before it counts: only then does the example raise, and
+test decides; ``hypothesis.target`` steers generation toward larger evidence. Every test
+screens at a fixed loose level (``screen_alpha``, not spent from α); a pattern that
+crosses it is a candidate, run again with fresh samples (seeds of its own), on a freshly
+started engine (no swap), at the level of the campaign's next confirmation (α_j, spent
+from the α ledger that every worker and resumed run shares: ``fuzz/ledger.py``,
+``oracle/budget.py``). Only a confirmed failure counts: then the example raises, and
 Hypothesis shrinks it. Every shrink candidate is again run with fresh samples and must
-fail, re-confirm on a fresh engine, and keep the same attribution label, so neither noise
-nor a swap can steer the shrink. The smallest confirmed failure is calibrated (the same
+fail, be confirmed on a fresh engine, and keep the same attribution label, so neither
+noise nor a swap can steer the shrink. The smallest confirmed failure is calibrated (the same
 engine with speculation off must agree with μ) and stored. Crashes shrink with every
 candidate on a fresh engine process. Failures whose signature is already in the corpus
-update it and do not stop the search. The Hypothesis database and the campaign state (α
-spent, totals per method and per engine: starts, swaps, families, samples, and where the
+update it (once per run, after a confirmation) and do not stop the search. The
+Hypothesis database, the α ledger and the campaign state (totals per method and per engine: starts, swaps, families, samples, and where the
 wall time went) live under ``<corpus>/.specfuzz/``, with an append-only log of swap
 events (``events.jsonl``), so a killed campaign resumes where it was, on this machine or
 another.
@@ -48,14 +51,15 @@ from specfuzz.case import Case
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
 from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
+from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
-from specfuzz.oracle.stats import AlphaSpender
+from specfuzz.oracle.budget import SCREEN_ALPHA, AlphaSpender
 from specfuzz.strategies import StartShape, case_families, start_shapes
 
-STATE_SCHEMA_VERSION = 1
-# Re-confirmation runs at this fraction of the case's α, with fresh samples.
-CONFIRM_FACTOR = 0.1
+# 2: the per-family α spender left the state for the shared ledger (fuzz/ledger.py);
+# a schema-1 state is migrated, its spender kept as "legacy_spender".
+STATE_SCHEMA_VERSION = 2
 # Examples per Hypothesis search; the campaign runs searches with new seeds until its
 # budget is spent. Bounded so that Hypothesis's own phases (targeting) end too.
 EXAMPLES_PER_SEARCH = 300
@@ -201,12 +205,15 @@ def state_problem(d: object) -> str | None:
     """Why a parsed state document cannot be resumed (None if it can)."""
     if not isinstance(d, dict):
         return f"holds a JSON {type(d).__name__}, not an object"
-    if d.get("schema_version") != STATE_SCHEMA_VERSION:
-        return f"has schema_version={d.get('schema_version')!r}, not {STATE_SCHEMA_VERSION} (another specfuzz version?)"
-    try:
-        AlphaSpender.from_json(d.get("spender"))
-    except (InvalidInput, KeyError, TypeError, ValueError) as exc:
-        return f"has no valid α spender ({type(exc).__name__}: {exc})"
+    version = d.get("schema_version")
+    if version not in (1, STATE_SCHEMA_VERSION):
+        return f"has schema_version={version!r}, not 1 or {STATE_SCHEMA_VERSION} (another specfuzz version?)"
+    spender = d.get("spender") if version == 1 else d.get("legacy_spender")
+    if version == 1 or spender is not None:
+        try:
+            AlphaSpender.from_json(spender)
+        except (InvalidInput, KeyError, TypeError, ValueError) as exc:
+            return f"has no valid α spender ({type(exc).__name__}: {exc})"
     searches = d.get("searches", 0)
     if isinstance(searches, bool) or not isinstance(searches, int) or searches < 0:
         return f"has searches={searches!r}, not an integer >= 0"
@@ -249,7 +256,8 @@ class CampaignConfig:
     corpus_dir: Path = Path("corpus")
     seed: int = 0
     methods: tuple[str, ...] | None = None  # None: every method the engine supports; () = speculation off
-    alpha: float = 1e-3  # campaign-wide false-alarm budget
+    alpha: float = 1e-3  # campaign-wide false-alarm budget (spent per confirmation)
+    screen_alpha: float = SCREEN_ALPHA  # fixed level of every family's screening test (not spent)
     max_samples: int = 1000
     batch: int = 600
     max_vocab: int = 5
@@ -282,6 +290,11 @@ class CampaignStats:
     rejected: int = 0
     refused: int = 0  # cases the engine refused as bad configuration
     searches: int = 0
+    candidates: int = 0  # patterns whose test crossed the screening level
+    confirmations: int = 0  # confirmation runs (each spent its α_j)
+    confirmed: int = 0
+    unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
+    budget: object = None  # the α ledger's ConfirmationBudget, as last read
     stored: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
@@ -300,7 +313,14 @@ class Campaign:
         self._fresh_engine: IsolatedEngine | None = None
         self.deadline = time.monotonic() + config.budget_s
         state = self._load_state()
-        self.spender = AlphaSpender.from_json(state["spender"]) if state else AlphaSpender(config.alpha)
+        # The per-family spender of a schema-1 state, kept as written (the ledger counts
+        # what it spent; see fuzz/ledger.py).
+        self.legacy_spender = state.get("legacy_spender") if state else None
+        self.ledger = AlphaLedger(self.state_dir, config.alpha, reset=config.reset_state, notes=self.state_notes)
+        self.stats.budget = self.ledger.read()
+        # Known signatures confirmed again in this run: marked seen once per run, so that
+        # an engine that keeps showing a known bug does not spend α on it family by family.
+        self.seen_again: set[str] = set()
         self.search_index = state.get("searches", 0) if state else 0
         # Totals over every run of this campaign state (a campaign resumed on another
         # machine, lease after lease, adds to them): seconds, and per speculation method
@@ -368,10 +388,13 @@ class Campaign:
         if self.cfg.reset_state:
             kept = set_aside(path, "damaged" if why else "old")
             self.state_notes.append(f"--reset-state: kept the {'damaged ' if why else ''}campaign state as {kept}; "
-                                    "starting a fresh state (α spending restarts)")
+                                    "starting a fresh state (the α ledger, alpha.json, goes on unless it is damaged)")
             return None
         if why is not None:
             raise DamagedState(path, why)
+        if d["schema_version"] == 1:  # migrate: the spender moves to the ledger (kept as legacy_spender)
+            d = dict(d, schema_version=STATE_SCHEMA_VERSION)
+            d["legacy_spender"] = d.pop("spender")
         return d
 
     def _save_state(self) -> None:
@@ -382,7 +405,7 @@ class Campaign:
         self._account(wall)
         atomic_write_json(self.state_path, {
             "schema_version": STATE_SCHEMA_VERSION,
-            "spender": json.loads(self.spender.to_json()),
+            **({"legacy_spender": self.legacy_spender} if self.legacy_spender else {}),
             "searches": self.search_index,
             "totals": self.totals,
             "simplest_run": sorted(self.simplest_run),
@@ -498,11 +521,25 @@ class Campaign:
         self._drain_events(cases[0])
         return runs
 
-    def _calibrate(self, case: Case, seed: int) -> CaseRun:
-        """The same engine, speculation off, on the failing pattern."""
+    def _calibrate(self, case: Case, seed: int, alpha: float) -> CaseRun:
+        """The same engine, speculation off, on the failing pattern (at the level of the
+        confirmation that let it be stored: it only decides the entry's kind)."""
         if self._spec_off_engine is None:
             self._spec_off_engine = self._new_engine()
-        return self._run([case], [self.spender.peek()], seed, speculation=False, engine=self._spec_off_engine)[0]
+        return self._run([case], [alpha], seed, speculation=False, engine=self._spec_off_engine)[0]
+
+    def _confirm(self, run: CaseRun, speculation: bool) -> tuple[CaseRun, int]:
+        """A candidate run again on fresh samples (its own seed window), on a freshly
+        started engine, at the next confirmation's α_j (spent and written to the ledger
+        first); returns the run and j."""
+        j, a = self.ledger.spend()
+        t0 = time.monotonic()
+        conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=True)[0]
+        self.stats.confirmations += 1
+        self.stats.confirmed += int(conf.failed)
+        self.stats.unconfirmed_s += 0.0 if conf.failed else time.monotonic() - t0  # engine start included
+        self.stats.budget = self.ledger.read()
+        return conf, j
 
     def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None, shrunk: bool = False) -> None:
         self.stats.crashes += 1
@@ -577,11 +614,11 @@ class Campaign:
         cap = max(SEARCH_SLICE_MIN_S, self.cfg.budget_s / (2 * max(1, len(self._methods()))))
         return min(cap, max(SEARCH_SLICE_MIN_S, SLICE_START_FACTOR * start_s))
 
-    def _search(self, strategy, search_seed: int, shape_key: str = "") -> tuple[list[Case], CaseRun, CaseRun] | None:
+    def _search(self, strategy, search_seed: int, shape_key: str = "") -> tuple[list[Case], CaseRun, CaseRun, int] | None:
         """One Hypothesis run over one start shape; returns the smallest confirmed failure
-        (family, run, confirmation). ``shape_key`` keys the shape's examples in the
-        Hypothesis database."""
-        confirmed: list[tuple[list[Case], CaseRun, CaseRun]] = []
+        (family, run, confirmation, confirmation index). ``shape_key`` keys the shape's
+        examples in the Hypothesis database."""
+        confirmed: list[tuple[list[Case], CaseRun, CaseRun, int]] = []
         label_of_first: list[str | None] = []
         # A crash is shrunk too: Hypothesis keeps the smallest family that crashes the
         # same way (kind and message with numbers stripped), each candidate on a fresh
@@ -630,7 +667,7 @@ class Campaign:
                 if simplest in self.simplest_run:
                     reject()
                 self.simplest_run.add(simplest)
-            alphas = [self.spender.peek()] * len(cases)
+            alphas = [self.cfg.screen_alpha] * len(cases)
             try:
                 # While a crash shrinks, every candidate runs on a fresh engine process.
                 runs = self._run(cases, alphas, next_seed(), speculation=speculation, fresh=bool(crash_first))
@@ -643,8 +680,6 @@ class Campaign:
                 self.stats.refused += 1
                 self.on_event(f"engine refused a case: {exc}", self.stats)
                 reject()
-            for _ in cases:
-                self.spender.next()
             self.stats.cases += 1
             self.stats.patterns += len(cases)
             self._count(cases, runs, speculation)
@@ -672,23 +707,24 @@ class Campaign:
             for r in runs:
                 if not r.failed:
                     continue
+                self.stats.candidates += 1
                 label = r.judgement.attribution.label if r.judgement.attribution else None
                 if label_of_first and label != label_of_first[0] and label_of_first[0] not in (None, "unknown"):
                     continue  # while shrinking, only the same bug counts (an unattributed one may become attributable)
-                if not label_of_first and self._entry_for(r).signature in self.known:
-                    self._update_known(r)
+                if not label_of_first and (sig := self._entry_for(r).signature) in self.known:
+                    # A known bug: confirmed once per run, then marked seen again.
+                    if sig not in self.seen_again and self._confirm(r, speculation)[0].failed:
+                        self.seen_again.add(sig)
+                        self._update_known(r)
                     continue
-                # Confirmation: fresh samples at a stricter level, on a freshly started engine.
-                conf = self._run([r.case], [self.spender.peek() * CONFIRM_FACTOR], next_seed(), speculation=speculation,
-                                 fresh=True)[0]
-                self.spender.next()
+                conf, j = self._confirm(r, speculation)
                 if not conf.failed:
                     continue
                 if not label_of_first:
                     label_of_first.append(label)
                     shrinking()
                     self.on_event(f"failure ({label}); shrinking", self.stats)
-                confirmed.append(([r.case], r, conf))
+                confirmed.append(([r.case], r, conf, j))
                 raise PatternFailed(label)
 
         try:
@@ -716,7 +752,7 @@ class Campaign:
         key = crash_key(crash)
         for case in family:
             try:
-                runs = self._run([case], [self.spender.peek()], seed, speculation=speculation, fresh=True)
+                runs = self._run([case], [self.cfg.screen_alpha], seed, speculation=speculation, fresh=True)
             except (AmbiguousSemantics, OutputSpaceTooLarge, InvalidInput):
                 continue
             c = runs[0].crash
@@ -743,19 +779,20 @@ class Campaign:
         self.stats.findings_new += int(new)
         self.stats.findings_updated += int(not new)
 
-    def _store_failure(self, run: CaseRun, conf: CaseRun) -> None:
+    def _store_failure(self, run: CaseRun, conf: CaseRun, j: int) -> None:
         version = self.engine.version()
         if self.cfg.calibration_only:
             entry = finding_entry(version, run, None)
             entry.kind = "calibration"
         else:
-            calib = self._calibrate(run.case, seed=self.search_index * 7919 + 1)
+            calib = self._calibrate(run.case, seed=self.search_index * 7919 + 1, alpha=conf.judgement.verdict.alpha)
             if calib.failed:
                 entry = finding_entry(version, calib, None)
                 entry.kind = "calibration"
             else:
                 entry = finding_entry(version, run, calib)
         entry.extra["confirmation"] = None if conf.judgement is None else conf.judgement.verdict.to_dict()
+        entry.extra["confirmation_index"] = j  # the campaign's j-th confirmation, at α_j
         # Where the search met it: a swapped engine (and engine state a swap kept, which
         # changes what gets drafted); the confirmation ran on a freshly started engine.
         last = self.engine.last_swap
@@ -806,10 +843,10 @@ class Campaign:
                 self.on_event(f"search {self.search_index}: {self.shape.describe()}", self.stats)
                 found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + self.search_index, shape_key)
                 if found is not None:
-                    _, run, conf = found
+                    _, run, conf, j = found
                     if armed:  # calibrating and storing may overrun the budget a little
                         signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + 120)
-                    self._store_failure(run, conf)
+                    self._store_failure(run, conf, j)
                     if armed:
                         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
                 self._save_state()

@@ -31,11 +31,31 @@ def _stats_table(cfg, stats) -> Table:
               + (f", {stats.refused} refused by the engine" if stats.refused else ""))
     t.add_row("samples", f"{stats.samples:,}")
     t.add_row("findings", f"{stats.findings_new} new, {stats.findings_updated} seen again")
+    for label, text in _alpha_rows(cfg, stats, elapsed):
+        t.add_row(label, text)
     t.add_row("crashes", str(stats.crashes))
     t.add_row("engine starts", f"{stats.engine_starts}, {getattr(stats, 'swaps', 0)} table swaps"
               + (f" ({stats.swap_fallbacks} fell back to a start)" if getattr(stats, "swap_fallbacks", 0) else ""))
     t.add_row("searches", str(stats.searches))
     return t
+
+
+def _alpha_rows(cfg, stats, elapsed: float) -> list[tuple[str, str]]:
+    """Screening and confirmation: candidates, confirmations, α spent and α left."""
+    screen = getattr(cfg, "screen_alpha", None)
+    if screen is None or not hasattr(stats, "candidates"):
+        return []
+    share = stats.unconfirmed_s / elapsed if elapsed > 0 else 0.0
+    rows = [
+        ("screening", f"α={screen:g} per pattern (not spent): {stats.candidates} candidates"),
+        ("confirmations", f"{stats.confirmations} ({stats.confirmed} confirmed); unconfirmed ones took {share:.2%} of the time"),
+    ]
+    b = stats.budget
+    if b is not None:
+        legacy = f" ({b.legacy_spent:.3g} of it by per-family spending before)" if b.legacy_spent else ""
+        rows.append(("α budget", f"{b.spent:.3g} spent{legacy} of {b.alpha_total:g} over {b.confirmations} confirmations in all, "
+                                  f"{b.remaining:.3g} left; next confirmation at α={b.next_alpha:.3g}"))
+    return rows
 
 
 class LiveDisplay:

@@ -353,7 +353,7 @@ def compute_effect(entry: Entry) -> Effect:
     """TV distance and worst token of the stored counts against μ recomputed from the case."""
     from specfuzz.case import Case
     from specfuzz.oracle.judge import target_law_dict
-    from specfuzz.oracle.stats import SequentialTest
+    from specfuzz.oracle.eprocess import SequentialTest
 
     counts = entry.counts
     n = int(sum(counts.values()))

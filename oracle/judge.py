@@ -14,7 +14,9 @@ from typing import Iterable, Mapping
 from specfuzz.case import Case
 from specfuzz.errors import AmbiguousSemantics
 from specfuzz.oracle.speculative import BUG_CLASSES, METHODS as REFERENCE_METHODS, ExactDriver
-from specfuzz.oracle.stats import Attribution, SequentialTest, Verdict, attribute
+from specfuzz.oracle.attribution import Attribution, attribute
+from specfuzz.oracle.eprocess import SequentialTest
+from specfuzz.oracle.verdict import Verdict
 
 # μD enumeration is skipped (the case is judged by the universal test alone) past this
 # many replayed branches per round or states per step.

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfuzz.cli import main
+from specfuzz.fuzz.campaign import STATE_SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ROOT / "corpus" / "regression" / "regression-N6.json"  # a real entry (reference engine)
@@ -109,7 +110,7 @@ def test_item4_a_damaged_campaign_state_is_refused_and_reset_state_keeps_it_asid
     assert len(kept) == 1 and kept[0].read_bytes() == full[: len(full) // 2]
     assert kept[0].name in " ".join(r.output.split())
     fresh = json.loads(state.read_text())
-    assert fresh["schema_version"] == 1 and fresh["totals"]["runs"] == 1  # a new state, counting this run only
+    assert fresh["schema_version"] == STATE_SCHEMA_VERSION and fresh["totals"]["runs"] == 1  # a new state, counting this run only
 
 
 def test_item5_replay_of_a_file_that_is_not_a_corpus_entry_is_refused(tmp_path):
@@ -155,7 +156,7 @@ BAD_BUGS = st.sampled_from(["N0", "N8", "n1", "X", ""])
 
 NUMBER_OPTIONS = {
     "fuzz": {"--samples": BAD_COUNTS, "--max-vocab": st.sampled_from(["1", "0", "-3", "5000", "two"]),
-             "--max-tokens": st.sampled_from(["0", "129", "-1", "x"]), "--alpha": BAD_FLOATS,
+             "--max-tokens": st.sampled_from(["0", "129", "-1", "x"]), "--alpha": BAD_FLOATS, "--screen-alpha": BAD_FLOATS,
              "--workers": st.sampled_from(["0", "65", "-1"]), "--batch": BAD_COUNTS,
              "--patterns": st.sampled_from(["0", "65", "x"]), "--seed": st.sampled_from(["-1", "x", "1.5"])},
     "check": {"--samples": BAD_COUNTS, "--alpha": BAD_FLOATS, "--tolerance": st.sampled_from(["-0.1", "1", "nan", "inf"]),
