@@ -400,7 +400,9 @@ class Campaign:
     def _save_state(self) -> None:
         now = time.monotonic()
         wall = now - self._t_saved
-        self.totals["seconds"] = round(self.totals["seconds"] + wall, 1)
+        # Unrounded: a swapped family takes milliseconds, and rounding every addition would
+        # drop them all.
+        self.totals["seconds"] = self.totals["seconds"] + wall
         self._t_saved = now
         self._account(wall)
         atomic_write_json(self.state_path, {
@@ -422,11 +424,11 @@ class Campaign:
         delta = {k: max(0.0, now[k] - self._acct[k]) for k in now}
         self._acct = now
         if self._shrinking:
-            sec["shrink"] = round(sec["shrink"] + wall, 2)
+            sec["shrink"] = sec["shrink"] + wall
         else:
             for k, d in delta.items():
-                sec[k] = round(sec[k] + d, 2)
-            sec["other"] = round(sec["other"] + max(0.0, wall - sum(delta.values())), 2)
+                sec[k] = sec[k] + d
+            sec["other"] = sec["other"] + max(0.0, wall - sum(delta.values()))
         for k in ("starts", "swaps", "swap_fallbacks"):
             eng[k] = self._base[k] + sum(getattr(e, k) for e in self._engines)
 
