@@ -50,7 +50,7 @@ from hypothesis.errors import Flaky, HypothesisException
 from specfuzz.case import Case
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
-from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
+from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json, now_iso
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
@@ -359,6 +359,13 @@ class Campaign:
             _crash_key_of(e.extra.get("crash_kind"), e.evidence)
             for _, e in self.corpus.entries() if isinstance(e, Entry) and e.kind == "crash" and e.extra.get("shrunk") is True
         }
+        # The stored entry of each crash (kind and message, numbers aside; a shrunk one
+        # preferred): the same crash met again, under other sampling settings, marks that
+        # entry seen again instead of storing one more entry of the same bug.
+        self.crash_entries: dict[str, Path] = {}
+        for path, e in sorted(self.corpus.entries(), key=lambda pe: isinstance(pe[1], Entry) and pe[1].extra.get("shrunk") is True):
+            if isinstance(e, Entry) and e.kind == "crash":
+                self.crash_entries[_crash_key_of(e.extra.get("crash_kind"), e.evidence)] = path
 
     # -- state ---------------------------------------------------------------------
 
@@ -545,10 +552,28 @@ class Campaign:
 
     def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None, shrunk: bool = False) -> None:
         self.stats.crashes += 1
+        known = self.crash_entries.get(crash_key(crash))
+        if not shrunk and known is not None and known.exists():
+            # A crash already stored (found with other settings): that entry is seen again.
+            try:
+                old = Entry.from_json(json.loads(known.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                old = None
+            if old is not None:
+                old.last_seen = now_iso()
+                old.times_seen += 1
+                if old.status == "fixed":
+                    old.status = "new"  # it came back
+                atomic_write_json(known, old.to_json())
+                self.stats.findings_updated += 1
+                self.on_event(f"crash ({crash.kind}) seen again: {crash.detail[:100]} -> {known.name}", self.stats)
+                return
         entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
                             settings=dict(self.cfg.engine_settings), family=family or [case])
         entry.extra["shrunk"] = shrunk
         path, new = self.corpus.store(entry)
+        if shrunk or crash_key(crash) not in self.crash_entries:
+            self.crash_entries[crash_key(crash)] = path
         self.known.add(entry.signature)
         if shrunk:
             self.known_crashes.add(crash_key(crash))

