@@ -483,6 +483,11 @@ class Campaign:
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
         )
 
+    def _example_database(self):
+        """The Hypothesis example database of every search (a Ray campaign's engine actors
+        share one through the driver: fuzz/ray_db.py)."""
+        return DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis"))
+
     def _slice_s(self) -> float:
         """A search's time slice: SLICE_START_FACTOR x the engine's mean start time (at least
         SEARCH_SLICE_MIN_S), at most budget / (2 x methods) when that is longer than the minimum."""
@@ -528,7 +533,7 @@ class Campaign:
         # the shape it was found on).
         search._hypothesis_internal_add_digest = shape_key.encode()  # type: ignore[attr-defined]
         search = hyp_seed(search_seed)(settings(
-            database=DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis")),
+            database=self._example_database(),
             max_examples=EXAMPLES_PER_SEARCH, deadline=None, derandomize=False, print_blob=False,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),

@@ -1,0 +1,75 @@
+"""One Hypothesis example database for every engine actor of a Ray campaign.
+
+:class:`ExampleStore` is a Ray actor on the driver's node that owns the campaign's
+database folder (``<corpus>/.specfuzz/hypothesis``, the same folder a campaign without
+Ray uses, so examples survive a restart with or without Ray). :class:`RayExampleDatabase`
+is Hypothesis's :class:`~hypothesis.database.ExampleDatabase` interface in front of it:
+an engine actor's searches save and fetch through it, so an example one host found (a
+failure Hypothesis saved while shrinking it) is replayed by every actor whose search
+meets the same start shape, here or on another host, and by the next run.
+
+What crosses the wire: keys and values are Hypothesis's own byte strings (a test's
+digest and a choice sequence, a few hundred bytes). Saves, deletes and moves are sent
+without waiting (calls from one actor reach the store in order, and the database is a
+cache: a save lost with a dying actor costs a replay, never a corpus entry); fetches wait
+for the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+
+class ExampleStore:
+    """The database folder behind every actor's :class:`RayExampleDatabase` (run as a Ray actor)."""
+
+    def __init__(self, path: str) -> None:
+        self.db = DirectoryBasedExampleDatabase(path)
+        self.ops = {"save": 0, "fetch": 0, "delete": 0, "move": 0}
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.ops["save"] += 1
+        self.db.save(key, value)
+
+    def fetch(self, key: bytes) -> list[bytes]:
+        self.ops["fetch"] += 1
+        return list(self.db.fetch(key))
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.ops["delete"] += 1
+        self.db.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.ops["move"] += 1
+        self.db.move(src, dest, value)
+
+    def counts(self) -> dict:
+        """Operations served so far (the summary shows them)."""
+        return dict(self.ops)
+
+
+class RayExampleDatabase(ExampleDatabase):
+    """Hypothesis's database interface backed by an :class:`ExampleStore` actor."""
+
+    def __init__(self, store) -> None:
+        super().__init__()
+        self.store = store
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.store.save.remote(bytes(key), bytes(value))
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        import ray
+
+        yield from ray.get(self.store.fetch.remote(bytes(key)))
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.store.delete.remote(bytes(key), bytes(value))
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.store.move.remote(bytes(src), bytes(dest), bytes(value))
+
+    def __repr__(self) -> str:
+        return f"RayExampleDatabase({self.store!r})"
