@@ -19,11 +19,16 @@ FlashInfer JIT parts are not shipped to the H200), ``disable_cuda_graph=True``,
 check against ``dataclasses.fields(ServerArgs)``: a key this SGLang version lacks is an
 :class:`~specfuzz.errors.InvalidInput` naming it (an adapter default that a newer SGLang
 dropped is left out instead). Adapter-only keys: ``shutdown_timeout_s`` (default 10),
-``env`` (environment variables set while the engine starts; its processes inherit them).
+``env`` (environment variables set while the engine starts; its processes inherit them),
+``swap`` (the parts a started engine may load in place, a subset of ``("target", "draft",
+"head")``, default all: ``Capabilities.swap``). ``speculative_*`` keys apply to speculative
+runs only: with speculation off they are left out (recorded in ``ignored_settings``), so one
+site-wide ``SPECFUZZ_SGLANG_SETTINGS`` serves a case and its speculation-off calibration.
+The keys the speculation mapping sets (:data:`MAPPED_SPEC_KEYS`) are refused in settings.
 ``random_seed`` (the scheduler's ``torch.manual_seed``): a fresh random value per start
-unless given, because per-request seeds are ignored by default (below): a fixed engine
+unless given, because per-request seeds are ignored by default: a fixed engine
 seed would replay the same random stream on every start, and "fresh" confirmation
-samples on a new engine would repeat the old ones. Only ``bfloat16`` and ``float16``:
+samples on a new engine would repeat the old ones (per-request seeds: sglang_mapping). Only ``bfloat16`` and ``float16``:
 ``float32`` fails inside sgl_kernel's rmsnorm ("failed to dispatch data type Float").
 
 Processes. ``Engine.__init__`` starts the scheduler and detokenizer with multiprocessing
@@ -37,102 +42,16 @@ processes the engine started (recorded with psutil at start). ``restart_in_proce
 False: each new config gets a fresh process (SGLang keeps per-process state: the
 ``atexit`` shutdown hook, the ``spawn`` start method it forces, signal handlers).
 
-Speculation (``SpecConfig`` -> ``ServerArgs``)
-----------------------------------------------
-* ``ngram`` / ``ngram_tree`` -> ``speculative_algorithm="NGRAM"`` (``speculative/ngram_worker.py``,
-  C++ ``kernels/jit/csrc/ngram_corpus``). The drafter is a *trie shared by all requests*
-  (``Trie::insert``: every suffix, up to ``speculative_ngram_max_trie_depth`` tokens, of
-  the last ``max_trie_depth`` tokens of each request's prompt + output, inserted after
-  every verify step and kept across requests and batches). ``Trie::buildRecency`` (match
-  type "BFS") matches every suffix of the context from length 1 up to the trie depth,
-  longest first, and grows one draft tree breadth-first from the matches: at most
-  ``breadth`` children per node (most recent first), breadth falling from ``max_bfs_breadth``
-  to ``min_bfs_breadth`` with match depth, until ``speculative_num_draft_tokens - 1``
-  nodes. ``fillResult`` puts the last verified token at the root (it counts as one of the
-  ``speculative_num_draft_tokens``) and pads unused slots with token 0 as *children of
-  the root* (the N4 mechanism). Mapping: ``num_draft_tokens = K + 1`` (chain) or
-  ``tree_budget + 1`` (tree); ``min = max bfs breadth = 1`` (chain) or ``tree_topk``;
-  ``max_trie_depth = ngram_max + K`` (no exact equivalent: SGLang has no minimum or
-  maximum match length and bounds drafts by node count, not depth, so ``ngram_min`` must
-  be 1 and a "chain" may branch at the root when several suffixes match);
-  ``speculative_num_steps = max(1, num_draft_tokens // breadth)`` (SGLang's own
-  derivation, ``_handle_ngram``, kept >= 1). Not modelled, left to settings:
-  ``speculative_ngram_min_bfs_breadth``, ``_match_type`` ("PROB"), ``_capacity``,
-  ``_max_trie_depth``, external corpora.
-* ``draft_model`` / ``eagle_tree`` -> ``speculative_algorithm="STANDALONE"`` with
-  ``speculative_draft_model_path=draft_dir`` (``standalone_worker_v2.py``, drafting in
-  ``EagleDraftWorker.draft_forward``, ``eagle_worker_v2.py``). The drafter is
-  deterministic: top-k of ``softmax(draft logits)`` (``fast_topk``; argmax when topk=1;
-  the request temperature is not applied, ``spec_utils.renorm_draft_probs``), the tree
-  kept as a beam of ``topk`` nodes per step (``select_top_k_tokens``) and the best
-  ``num_draft_tokens - 1`` candidates by cumulative draft probability
-  (``organize_draft_results``). So ``draft_sampling`` must be "greedy" (SGLang samples a
-  draft only with ``speculative_use_rejection_sampling``, EAGLE/EAGLE3 with topk=1).
-  Mapping: ``speculative_num_steps = K``, ``speculative_eagle_topk = tree_topk`` (1 for a
-  chain), ``speculative_num_draft_tokens = K + 1`` for chains (SGLang forces it when
-  topk=1) and ``min(tree_budget, topk + (K-1) * topk**2) + 1`` for trees (the candidate
-  count ``organize_draft_results`` picks from); a topk-1 "tree" is a chain of
-  ``min(K, tree_budget)``. ``STANDALONE`` requires the draft's vocab_size to equal the
-  target's (``StandaloneWorkerV2._validate_vocab_compatibility``): specfuzz writes a
-  narrower draft padded with masked columns, so ``draft_vocab="narrower"``; wider
-  drafts are refused.
-* Verification (``eagle_utils.eagle_sample``, NGRAM and STANDALONE alike): when every
-  request of the batch is greedy, ``verify_tree_greedy_func`` on the target argmax;
-  otherwise ``sgl_kernel.tree_speculative_sampling_target_only`` with all-zero draft
-  probabilities, i.e. the deterministic-tree scheme (one uniform per level against the
-  cumulative target mass of the children, residual = target restricted to non-children;
-  ``speculative_accept_threshold_single/acc`` = 1 by default) on ``softmax(l / T)``
-  followed by ``top_k_renorm_prob`` then ``top_p_renorm_prob`` (top-p on the top-k
-  renormalised distribution, unlike the non-speculative sampler). Token-wise only:
-  ``verify`` must be "token". Seen in the source and left for the fuzzer to confirm:
-  ``min_p`` is not applied in verification at all; penalties and min_new_tokens are a
-  "relaxed version" (``eagle_prepare_for_decode``: one penalty update per verify round
-  with the round's last token, the same penalty for every draft position, and the
-  min_new_tokens counter counting rounds). SGLang refuses none of these, so
-  ``sampling_with_speculation`` equals ``sampling``.
-* ``eagle`` / ``eagle3`` -> ``EAGLE`` / ``EAGLE3`` chains (``models/llama_eagle.py``,
-  ``llama_eagle3.py``; topk 1, ``speculative_num_steps = K``, ``num_draft_tokens = K + 1``).
-  ``EngineConfig.draft_dir`` is a head written by :mod:`specfuzz.tablegen.eagle`; the
-  adapter hands SGLang its SGLang-layout twin (:func:`~specfuzz.tablegen.eagle.sglang_head`:
-  architecture names, a zero ``fc.bias``). The head drafts from exactly its table's row of
-  the current token, whatever hidden states SGLang feeds it (checked with greedy runs:
-  ``bench/check_heads.py``). ``draft_sampling="greedy"`` is SGLang's default drafter
-  (argmax); ``"sampled"`` sets ``speculative_use_rejection_sampling=True`` (draft
-  ``q = softmax(l / T_request)``, ``spec_utils.sample_draft_proposal``), which SGLang refuses
-  for a reduced EAGLE-3 vocabulary ("requires the draft and target to share one vocab",
-  ``EagleWorkerV2.__init__``): refused here with that reason.
-* Acceptance statistics per request from ``meta_info``: ``spec_num_proposed_drafts``
-  (``spec_verify_ct * (num_draft_tokens - 1)``, padding included) and
-  ``spec_num_correct_drafts`` (``TokenizerManager._calculate_spec_decoding_metrics``).
+Speculation and sampling: what a SpecConfig and a Request become in SGLang (and what is
+refused) is :mod:`specfuzz.engines.sglang_mapping`.
 
-Sampling parameters (``sampling/sampling_params.py``; profile "sglang" in
-:mod:`specfuzz.oracle.semantics`)
----------------------------------------------------------------------------------
-temperature (ours ``< 1e-5`` is sent as 0; SGLang turns ``< 1e-6`` into ``top_k=1``),
-top_k (``-1`` = off), top_p, min_p, repetition_penalty (SGLang accepts (0, 2]),
-frequency/presence_penalty, max_new_tokens, stop_token_ids, ignore_eos, logit_bias (a
-dict ``str(token) -> bias``). ``min_new_tokens`` needs the tokenizer
-(``raise_if_tokenizer_required``): only with ``settings={"skip_tokenizer_init": False}``.
-Not available: allowed_token_ids, bad_words, thinking budgets (no per-request equivalent
-without a custom logit processor), regex / choice (the grammar backend needs a real
-tokenizer). ``ignore_eos`` also disables ``stop_token_ids`` (``Req._check_token_based_finish``
-returns early), which the oracle's stopping rule cannot express: the combination is
-refused. Outputs: ``output_ids`` already end with the matched stop token
-(``Req.output_ids_through_stop``); ``meta_info["finish_reason"]`` is ``{"type": "stop",
-"matched": id}`` or ``{"type": "length", ...}``; an "abort" raises.
-
-Penalties under SGLang's default overlap scheduler: ``ScheduleBatch.prepare_for_decode``
-feeds the penalizers from ``req.output_ids`` before the previous step's result has been
-processed (``Scheduler.event_loop_overlap``), so the first decode step penalises the last
-prompt token and later steps miss the newest output token. The "sglang" profile models
-the documented semantics; expect the calibration's "penalties" setting to show it
-(``settings={"disable_overlap_schedule": True}`` takes the synchronous loop).
-
-Per-request seeds: ``Request.seed`` is sent as ``sampling_seed``, which SGLang honours only
-with ``enable_deterministic_inference=True`` (``SamplingBatchInfo.from_schedule_batch``;
-otherwise the scheduler's global torch RNG samples). In that mode an unseeded request
-gets seed 42, and ``min_p`` crashes the pytorch sampler (an ``assert sampling_seed is
-None`` in ``top_k_top_p_min_p_sampling_from_probs_torch``), so min_p is refused there.
+Table swaps (:mod:`specfuzz.engines.sglang_swap` has the details and source locations):
+:meth:`SGLangEngine.swap` loads a new table model into the running engine (target: every
+algorithm; STANDALONE draft; EAGLE and full-width EAGLE-3 heads), resets the prefix cache
+and the NGRAM trie, and :meth:`SGLangEngine.check_tables` proves the load before any sample:
+SGLang's own log-probabilities for every row of the target table, plus, where a draft or head
+was loaded, weight read-backs and SGLang's tensor checksums. ``generate`` refuses to run
+between a swap and a passed check.
 
 Calibration: :meth:`SGLangEngine.logits_match_table` asks SGLang for its own logprobs
 (``return_logprob=True``, ``logprob_start_len=0``, ``top_logprobs_num=V``): prompt
@@ -154,43 +73,20 @@ import weakref
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from specfuzz.engines import sglang_mapping as _mapping
 from specfuzz.engines.base import (
-    Capabilities, Completion, Engine, EngineConfig, Request, environ, first_line, gpu_details, read_config,
+    Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, environ, first_line,
+    gpu_details, read_config,
+)
+from specfuzz.engines.sglang_mapping import (  # noqa: F401 - re-exported: the adapter's public mapping
+    ALGORITHMS, DEFAULT_LOGPROB_TOLERANCE, DTYPES, FLOAT32_LOG_TINY, HEAD_METHODS, MAPPED_SPEC_KEYS, METHODS,
+    NEED_TOKENIZER, NOT_WITH_DETERMINISTIC, SAMPLING_FIELDS, SGLANG_DEFAULTS, SPEC_DEFAULTS, SPEC_KNOBS, SWAPPABLE,
+    compare_rows, completion_from_output, mismatch_summary, row_prompts, sampling_params_dict, speculative_kwargs,
+    split_settings,
 )
 from specfuzz.engines.vllm_engine import LogitsReport
 from specfuzz.errors import InvalidInput
-from specfuzz.oracle.params import SamplingParams
-from specfuzz.oracle.speculative import ENGINE_METHODS, SpecConfig
-
-# Speculation methods this adapter maps onto SGLang (and for which specfuzz writes checkpoints).
-METHODS: tuple[str, ...] = ("draft_model", "ngram", "eagle_tree", "ngram_tree")
-# EAGLE heads (EngineConfig.draft_dir is a tablegen.eagle head; SGLang gets its
-# SGLang-layout twin, tablegen.eagle.sglang_head).
-HEAD_METHODS: tuple[str, ...] = ("eagle", "eagle3")
-# A switch for a SGLang whose EAGLE loaders stop matching the heads (the check is
-# bench/check_heads.py --engine sglang): False refuses eagle/eagle3 with the reason.
-HEADS_ENABLED = True
-ALGORITHMS: dict[str, str] = {
-    "ngram": "NGRAM", "ngram_tree": "NGRAM",
-    "draft_model": "STANDALONE", "eagle_tree": "STANDALONE",
-    "eagle": "EAGLE", "eagle3": "EAGLE3",
-}
-# SamplingParams fields SGLang honours with speculation off and no tokenizer.
-SAMPLING_FIELDS: frozenset[str] = frozenset(
-    {
-        "temperature", "top_k", "top_p", "min_p", "logit_bias", "repetition_penalty", "frequency_penalty",
-        "presence_penalty", "max_tokens", "stop_token_ids", "ignore_eos",
-    }
-)
-# Need the tokenizer (skip_tokenizer_init=False).
-NEED_TOKENIZER: frozenset[str] = frozenset({"min_tokens"})
-# Crash SGLang's pytorch sampler under enable_deterministic_inference.
-NOT_WITH_DETERMINISTIC: frozenset[str] = frozenset({"min_p"})
-DTYPES: tuple[str, ...] = ("bfloat16", "float16")
-# SGLang's SamplingParams.verify accepts repetition penalties in (0, MAX_REPETITION_PENALTY].
-MAX_REPETITION_PENALTY = 2.0
-# sampling_seed travels as int64 and is hashed as uint64.
-MAX_SEED = 2**63 - 1
+from specfuzz.oracle.speculative import SpecConfig
 
 SETTINGS_ENV = "SPECFUZZ_SGLANG_SETTINGS"
 # Adapter defaults (what ran on the H200, ../shared/gpu/README.md).
@@ -204,206 +100,16 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "log_level": "error",
 }
 # Settings the adapter consumes itself (everything else goes to sglang.Engine).
-_OWN_SETTINGS = ("shutdown_timeout_s", "env")
-# ServerArgs fields the speculation mapping sets; settings may not override them.
-MAPPED_SPEC_KEYS = frozenset(
-    {
-        "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
-        "speculative_num_draft_tokens", "speculative_ngram_max_bfs_breadth", "speculative_use_rejection_sampling",
-    }
-)
+_OWN_SETTINGS = ("shutdown_timeout_s", "env", "swap")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
-# log(smallest normal float32): below it a float32 probability has lost its precision
-# (or underflowed to 0, so log gives -inf).
-FLOAT32_LOG_TINY = -87.3
-DEFAULT_LOGPROB_TOLERANCE = 1e-5
 
 
-# ----------------------------------------------------------------------------- pure mapping
-
-
-def speculative_kwargs(spec: SpecConfig | None, *, draft_dir: Path | None = None, target_vocab: int | None = None,
-                       draft_vocab: int | None = None) -> dict[str, Any]:
-    """The ``ServerArgs`` speculation fields for ``spec`` (``{}`` when off); see the module docstring.
-
-    Pure: reads nothing. Raises InvalidInput for what SGLang cannot run as specified.
-    """
-    if spec is None:
-        return {}
-    if not isinstance(spec, SpecConfig):
-        raise InvalidInput("speculation", spec, "None or a SpecConfig")
-    if spec.method in HEAD_METHODS and not HEADS_ENABLED:
-        raise InvalidInput(
-            "speculation.method", spec.method,
-            f"one of {METHODS}: the SGLang adapter's EAGLE heads are switched off (HEADS_ENABLED)",
-        )
-    if spec.method not in METHODS + (HEAD_METHODS if HEADS_ENABLED else ()):
-        raise InvalidInput("speculation.method", spec.method, f"one of {METHODS} (the SGLang adapter maps these; of {ENGINE_METHODS})")
-    if spec.inject is not None:
-        raise InvalidInput("speculation.inject", spec.inject, "None (bugs are injected into the reference sampler only, not into SGLang)")
-    if spec.verify != "token":
-        raise InvalidInput("speculation.verify", spec.verify, "'token' (SGLang verifies token-wise: eagle_utils.eagle_sample)")
-    K = int(spec.num_speculative_tokens)
-    algo = ALGORITHMS[spec.method]
-    if algo == "NGRAM":
-        if spec.ngram_min != 1:
-            raise InvalidInput(
-                "speculation.ngram_min", spec.ngram_min,
-                "1 (SGLang's NGRAM trie matches every suffix length from 1 up to speculative_ngram_max_trie_depth)",
-            )
-        breadth = 1 if spec.method == "ngram" else int(spec.tree_topk)
-        nodes = K if spec.method == "ngram" else int(spec.tree_budget)
-        return {
-            "speculative_algorithm": algo,
-            "speculative_num_draft_tokens": nodes + 1,
-            "speculative_ngram_min_bfs_breadth": breadth,
-            "speculative_ngram_max_bfs_breadth": breadth,
-            "speculative_ngram_max_trie_depth": int(spec.ngram_max) + K,
-            "speculative_num_steps": max(1, (nodes + 1) // breadth),
-        }
-    if algo in ("EAGLE", "EAGLE3"):
-        # A chain from an EAGLE head (the draft vocabulary is the head's: no equality check).
-        # SGLang samples the draft (and verifies against q) only with rejection sampling, topk=1.
-        if spec.draft_temperature is not None:
-            raise InvalidInput("speculation.draft_temperature", spec.draft_temperature, "None (SGLang scales the draft by the request's temperature)")
-        if draft_dir is None:
-            raise InvalidInput("draft_dir", None, f"an EAGLE head checkpoint folder for method {spec.method!r}")
-        if spec.draft_sampling == "sampled" and None not in (draft_vocab, target_vocab) and draft_vocab != target_vocab:
-            raise InvalidInput(
-                "speculation.draft_sampling", spec.draft_sampling,
-                f"'greedy' for a reduced draft vocabulary ({draft_vocab} of {target_vocab}): SGLang's rejection sampling "
-                "'requires the draft and target to share one vocab' (EagleWorkerV2)",
-            )
-        return {
-            "speculative_algorithm": algo,
-            "speculative_draft_model_path": str(draft_dir),
-            "speculative_num_steps": K,
-            "speculative_eagle_topk": 1,
-            "speculative_num_draft_tokens": K + 1,
-            "speculative_use_rejection_sampling": spec.draft_sampling == "sampled",
-        }
-    # STANDALONE: a draft checkpoint proposing top-k deterministically.
-    if spec.draft_sampling != "greedy":
-        raise InvalidInput(
-            "speculation.draft_sampling", spec.draft_sampling,
-            "'greedy' (SGLang's STANDALONE drafter proposes the top-k of the draft distribution: "
-            "EagleDraftWorker.draft_forward, fast_topk)",
-        )
-    if spec.draft_temperature is not None:
-        raise InvalidInput("speculation.draft_temperature", spec.draft_temperature, "None (SGLang's drafter ranks softmax(draft logits))")
-    if draft_dir is None:
-        raise InvalidInput("draft_dir", None, f"a draft checkpoint folder for method {spec.method!r}")
-    if target_vocab is not None and draft_vocab != target_vocab:
-        raise InvalidInput(
-            "draft vocab_size", draft_vocab,
-            f"equal to the target's vocab_size={target_vocab}: SGLang's STANDALONE needs equal vocabulary sizes "
-            "(write a narrower draft padded with masked columns)",
-        )
-    if spec.method == "draft_model" or spec.tree_topk == 1:
-        steps = K if spec.method == "draft_model" else min(K, int(spec.tree_budget))
-        topk, nodes = 1, steps
-    else:
-        topk, steps = int(spec.tree_topk), K
-        if target_vocab is not None and topk > target_vocab:
-            raise InvalidInput(
-                "speculation.tree_topk", topk,
-                f"at most the vocab_size={target_vocab} (SGLang's drafter takes torch.topk of the draft distribution)",
-            )
-        nodes = min(int(spec.tree_budget), topk + (K - 1) * topk * topk)
-    return {
-        "speculative_algorithm": algo,
-        "speculative_draft_model_path": str(draft_dir),
-        "speculative_num_steps": steps,
-        "speculative_eagle_topk": topk,
-        "speculative_num_draft_tokens": nodes + 1,
-    }
-
-
-def sampling_params_dict(
-    request: Request, *, vocab_size: int, max_model_len: int, tokenizer: bool = False, deterministic: bool = False,
-) -> dict[str, Any]:
-    """The SGLang sampling-params dict for one request (validated; raises InvalidInput). Pure."""
-    p: SamplingParams = request.params
-    V = vocab_size
-    if not request.prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V for t in request.prompt):
-        raise InvalidInput("prompt", request.prompt, f"a non-empty sequence of token ids in [0, {V})")
-    if len(request.prompt) + p.max_tokens > max_model_len:
-        raise InvalidInput(
-            "max_tokens", p.max_tokens,
-            f"at most max_model_len - len(prompt) = {max_model_len - len(request.prompt)} (SGLang's context_length)",
-        )
-    p.check_vocab(V)
-    if p.allowed_token_ids is not None:
-        raise InvalidInput("allowed_token_ids", p.allowed_token_ids, "None (SGLang has no allowed-token list)")
-    if p.bad_words:
-        raise InvalidInput("bad_words", p.bad_words, "() (SGLang has no bad-words option)")
-    if p.thinking_budget is not None:
-        raise InvalidInput("thinking_budget", p.thinking_budget, "None (the SGLang adapter does not run thinking budgets)")
-    if p.regex is not None or p.choice is not None:
-        name = "regex" if p.regex is not None else "choice"
-        raise InvalidInput(name, getattr(p, name), "None (SGLang's grammar backend needs a real tokenizer)")
-    if p.min_tokens and not tokenizer:
-        raise InvalidInput(
-            "min_tokens", p.min_tokens,
-            "0 when SGLang runs without a tokenizer (skip_tokenizer_init=True: SamplingParams.normalize raises); "
-            "start it with settings={'skip_tokenizer_init': False}",
-        )
-    if p.min_p > 0.0 and deterministic:
-        raise InvalidInput(
-            "min_p", p.min_p,
-            "0 with enable_deterministic_inference (SGLang's pytorch sampler asserts sampling_seed is None under min_p)",
-        )
-    if p.ignore_eos and p.stop_token_ids:
-        raise InvalidInput(
-            "ignore_eos", True,
-            "False when stop_token_ids are set (SGLang's ignore_eos also disables stop_token_ids: Req._check_token_based_finish)",
-        )
-    if p.repetition_penalty > MAX_REPETITION_PENALTY:
-        raise InvalidInput("repetition_penalty", p.repetition_penalty, f"in (0, {MAX_REPETITION_PENALTY:g}] (SamplingParams.verify)")
-    seed = request.seed
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
-        raise InvalidInput("seed", seed, f"None or an integer in [0, {MAX_SEED}]")
-    d: dict[str, Any] = {
-        "max_new_tokens": int(p.max_tokens),
-        "temperature": 0.0 if p.greedy else float(p.temperature),
-        "top_k": int(p.top_k) if p.top_k >= 1 else -1,
-        "top_p": float(p.top_p),
-        "min_p": float(p.min_p),
-        "repetition_penalty": float(p.repetition_penalty),
-        "frequency_penalty": float(p.frequency_penalty),
-        "presence_penalty": float(p.presence_penalty),
-        "min_new_tokens": int(p.min_tokens),
-        "ignore_eos": bool(p.ignore_eos),
-    }
-    if p.stop_token_ids:
-        d["stop_token_ids"] = sorted({int(t) for t in p.stop_token_ids})
-    if p.logit_bias:
-        d["logit_bias"] = {str(int(k)): float(v) for k, v in dict(p.logit_bias).items()}
-    if seed is not None:
-        d["sampling_seed"] = int(seed)
-    return d
-
-
-def completion_from_output(out: Mapping[str, Any], *, speculation: bool) -> Completion:
-    """A Completion from one ``Engine.generate`` output dict (``output_ids``, ``meta_info``). Pure."""
-    toks = tuple(int(t) for t in out.get("output_ids") or ())
-    meta = out.get("meta_info") or {}
-    fr = meta.get("finish_reason")
-    kind = fr.get("type") if isinstance(fr, Mapping) else (fr if isinstance(fr, str) else None)
-    if kind == "abort":
-        msg = fr.get("message") if isinstance(fr, Mapping) else None
-        raise RuntimeError(f"SGLang aborted a request: {msg or fr}")
-    reason = str(kind or "unknown")
-    if reason == "stop" and isinstance(fr, Mapping):
-        matched = fr.get("matched")
-        # The oracle's convention: a complete output includes its stop token (SGLang's does).
-        if isinstance(matched, int) and not isinstance(matched, bool) and (not toks or toks[-1] != matched):
-            toks = toks + (matched,)
-    drafted = accepted = None
-    if speculation:
-        drafted = int(meta.get("spec_num_proposed_drafts", meta.get("spec_proposed_drafts", 0)) or 0)
-        accepted = int(meta.get("spec_num_correct_drafts", meta.get("spec_accepted_drafts", 0)) or 0)
-    return Completion(toks, reason, drafted, accepted)
+def _swap_setting(settings: Mapping[str, Any]) -> frozenset[str]:
+    """The ``swap`` setting (the parts a started engine may load in place); InvalidInput when bad."""
+    v = settings.get("swap", tuple(sorted(SWAPPABLE)))
+    if isinstance(v, str) or not isinstance(v, (list, tuple, set, frozenset)) or not set(v) <= SWAPPABLE:
+        raise InvalidInput("settings['swap']", v, f"a list of parts from {sorted(SWAPPABLE)} (empty: no swaps)")
+    return frozenset(v)
 
 
 def unknown_server_args(keys: Sequence[str], fields: frozenset[str]) -> list[str]:
@@ -492,12 +198,20 @@ class SGLangEngine(Engine):
         self._settings: dict[str, Any] = {}
         self._vocab_size: int | None = None
         self._spec: SpecConfig | None = None
+        self._algorithm: str | None = None  # SGLang's speculative_algorithm of the running config
         self._pids: set[int] = set()
         self._shutdown_timeout_s = DEFAULT_SHUTDOWN_TIMEOUT_S
         self.start_seconds: float | None = None
         self.random_seed: int | None = None
         self.dropped_defaults: tuple[str, ...] = ()  # adapter defaults this SGLang has no field for
+        self.ignored_settings: dict[str, Any] = {}  # speculative_* settings left out (speculation off)
         self.close_timed_out = False
+        self._reset_swap_state()
+
+    def _reset_swap_state(self) -> None:
+        self._broken = ""  # why the weights are in an unknown state (a failed swap or check): restart
+        self._unchecked = False  # swapped, not yet checked: generate() refuses
+        self._draft_sums: dict[str, str] | None = None  # proven draft-runner tensor checksums
 
     # -- description ---------------------------------------------------------------------
 
@@ -513,23 +227,21 @@ class SGLangEngine(Engine):
             sampling |= NEED_TOKENIZER
         if st.get("enable_deterministic_inference"):
             sampling -= NOT_WITH_DETERMINISTIC
+        methods = METHODS + (HEAD_METHODS if _mapping.HEADS_ENABLED else ())
         return Capabilities(
-            methods=METHODS + (HEAD_METHODS if HEADS_ENABLED else ()),
+            methods=methods,
             sampling=frozenset(sampling),
             dtypes=DTYPES,
             profile="sglang",
             max_vocab=None,
             draft_vocab="narrower",
-            spec_knobs={
-                "verify": ("token",), "draft_sampling": ("greedy",), "draft_temperature": (None,),
-                "inject": (None,), "ngram_min": (1,),
-                # EAGLE heads also draft by rejection sampling (speculative_use_rejection_sampling).
-                "eagle.draft_sampling": ("greedy", "sampled"), "eagle3.draft_sampling": ("greedy", "sampled"),
-            },
+            spec_knobs=dict(SPEC_KNOBS),
             restart_in_process=False,
             # SGLang refuses none of them with speculation on (what it does with them: module docstring).
             sampling_with_speculation=frozenset(sampling),
             speculates_first_token=False,  # the prefill (extend) step samples the first token
+            swap=_swap_setting(st),
+            spec_defaults={m: dict(v) for m, v in SPEC_DEFAULTS.items() if m in methods},
         )
 
     def version(self) -> Mapping[str, str]:
@@ -563,8 +275,9 @@ class SGLangEngine(Engine):
         return self._engine
 
     def settings_for(self, config: EngineConfig) -> dict:
-        """The settings in force for ``config``: constructor/env defaults, then ``config.settings``."""
-        return {**self._default_settings, **dict(config.settings)}
+        """The settings in force for ``config``: constructor/env defaults, then ``config.settings``,
+        without ``speculative_*`` keys when speculation is off."""
+        return split_settings({**self._default_settings, **dict(config.settings)}, config.speculation is not None)[0]
 
     def check_config(self, config: EngineConfig) -> dict[str, Any]:
         """Validate ``config`` without importing SGLang; return the ``sglang.Engine`` keyword
@@ -580,18 +293,17 @@ class SGLangEngine(Engine):
         tv = target.get("vocab_size")
         if not isinstance(tv, int) or tv < 2:
             raise InvalidInput("target vocab_size", tv, "an integer >= 2 in the target's config.json")
+        raw = {**self._default_settings, **dict(config.settings)}
+        mapped = sorted(k for k in raw if k in MAPPED_SPEC_KEYS)
+        if mapped:
+            raise InvalidInput(f"settings[{mapped[0]!r}]", raw[mapped[0]], "unset: the adapter maps EngineConfig.speculation onto it")
         settings = self.settings_for(config)
         spec = config.speculation
-        spec_settings = sorted(k for k in settings if str(k).startswith("speculative_"))
-        if spec is None and spec_settings:
-            raise InvalidInput(f"settings[{spec_settings[0]!r}]", settings[spec_settings[0]], "unset when speculation is off (use EngineConfig.speculation)")
-        mapped = [k for k in spec_settings if k in MAPPED_SPEC_KEYS]
-        if mapped:
-            raise InvalidInput(f"settings[{mapped[0]!r}]", settings[mapped[0]], "unset: the adapter maps EngineConfig.speculation onto it")
+        _swap_setting(settings)
         dv = None
         if isinstance(spec, SpecConfig) and spec.method in METHODS and spec.uses_draft_model and config.draft_dir is not None:
             dv = read_config(Path(config.draft_dir), "draft_dir").get("vocab_size")
-        if isinstance(spec, SpecConfig) and spec.method in HEAD_METHODS and HEADS_ENABLED and config.draft_dir is not None:
+        if isinstance(spec, SpecConfig) and spec.method in HEAD_METHODS and _mapping.HEADS_ENABLED and config.draft_dir is not None:
             head = read_config(Path(config.draft_dir), "draft_dir")
             if head.get("vocab_size") != tv:
                 raise InvalidInput("head vocab_size", head.get("vocab_size"), f"the target's vocab_size={tv}")
@@ -616,7 +328,7 @@ class SGLangEngine(Engine):
     def start(self, config: EngineConfig) -> None:
         """Start SGLang on ``config``; raise InvalidInput (before starting) for a bad config."""
         if self._engine is not None:
-            if config == self._config:
+            if config == self._config and not self._broken and not self._unchecked:
                 return
             self.close()
         kwargs = self.check_config(config)
@@ -678,12 +390,16 @@ class SGLangEngine(Engine):
                 _kill_pids(_child_pids() - before)
                 raise
         self._pids = _child_pids() - before
+        self._server_args = server_args
         self.start_seconds = time.perf_counter() - t0
         _RUNNING.add(self)
         self._config = config
         self._settings = settings
+        self.ignored_settings = split_settings({**self._default_settings, **dict(config.settings)}, config.speculation is not None)[1]
         self._vocab_size = int(read_config(Path(config.target_dir), "target_dir")["vocab_size"])
         self._spec = config.speculation
+        self._algorithm = str(kwargs.get("speculative_algorithm")) if kwargs.get("speculative_algorithm") else None
+        self._reset_swap_state()
         self.close_timed_out = False
 
     def close(self) -> None:
@@ -692,6 +408,8 @@ class SGLangEngine(Engine):
         eng, self._engine = self._engine, None
         self._config = None
         self._spec = None
+        self._algorithm = None
+        self._reset_swap_state()
         _RUNNING.discard(self)
         if eng is None:
             return
@@ -725,6 +443,13 @@ class SGLangEngine(Engine):
         if self._engine is None:
             raise RuntimeError("SGLangEngine: call start(config) first")
 
+    def _require_sampling_ready(self) -> None:
+        self._require_started()
+        if self._broken:
+            raise RuntimeError(f"SGLangEngine: the weights are in an unknown state ({self._broken}); start the engine fresh")
+        if self._unchecked:
+            raise RuntimeError("SGLangEngine: call check_tables() after swap() before sampling")
+
     def sampling_params(self, request: Request) -> dict[str, Any]:
         """The SGLang sampling-params dict for one request (validated; raises InvalidInput)."""
         self._require_started()
@@ -738,7 +463,7 @@ class SGLangEngine(Engine):
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """One ``Engine.generate`` call for the batch; completions in request order."""
-        self._require_started()
+        self._require_sampling_ready()
         if not requests:
             return []
         # Requests sharing a SamplingParams object and no seed share one dict (SGLang
@@ -794,42 +519,197 @@ class SGLangEngine(Engine):
             raise InvalidInput("prompt_tokens", prompt_tokens, f"a non-empty list of token ids in [0, {V})")
         max_tokens = max(1, min(int(max_tokens), self._config.max_model_len - len(prompt)))
         tol = DEFAULT_LOGPROB_TOLERANCE if tolerance is None else float(tolerance)
-        sp = {"temperature": 1.0, "max_new_tokens": max_tokens, "ignore_eos": True}
-        out = self._engine.generate(
-            input_ids=[prompt], sampling_params=[sp], return_logprob=True, logprob_start_len=0, top_logprobs_num=V,
+        return compare_rows(self._logprob_rows([prompt], max_tokens, V), table, tol)
+
+    def _logprob_rows(self, prompts: Sequence[Sequence[int]], max_tokens: int, V: int) -> list[tuple[int, Any]]:
+        """(context token, [(logprob, token, text), ...]) of every position SGLang returns
+        top-V logprobs for, from one ``generate`` call with one request per prompt."""
+        n = len(prompts)
+        sp = {"temperature": 1.0, "max_new_tokens": int(max_tokens), "ignore_eos": True}
+        outs = self._engine.generate(
+            input_ids=[list(p) for p in prompts], sampling_params=[dict(sp) for _ in range(n)],
+            return_logprob=True, logprob_start_len=0, top_logprobs_num=V,  # broadcast to every request
         )
-        out = out[0] if isinstance(out, list) else out
-        meta = out.get("meta_info") or {}
-        generated = [int(t) for t in out.get("output_ids") or ()]
-        rows: list[tuple[int, Any]] = []  # (context token, [(logprob, token, text), ...])
-        for i, lp in enumerate(meta.get("input_top_logprobs") or []):
-            if lp and i >= 1:  # entry 0 (the first prompt token) has no prediction
-                rows.append((prompt[i - 1], lp))
-        context = [prompt[-1], *generated]
-        for i, lp in enumerate(meta.get("output_top_logprobs") or []):
-            if lp and i < len(context):
-                rows.append((int(context[i]), lp))
-        m = table.max(axis=1, keepdims=True)
-        expect = table - m - np.log(np.exp(table - m).sum(axis=1, keepdims=True))  # [V, V]
-        worst = 0.0
-        bad: list[tuple[int, int, float, float]] = []
-        for ctx, lp in rows:
-            got = {int(entry[1]): float(entry[0]) for entry in lp if entry is not None}
-            for tok in range(V):
-                g = got.get(tok, -math.inf)
-                e = float(expect[ctx, tok])
-                if e < FLOAT32_LOG_TINY:
-                    ok = g < FLOAT32_LOG_TINY + 1.0
-                    d = 0.0 if ok else abs(g - e)
-                else:
-                    d = abs(g - e) if math.isfinite(g) else math.inf
-                    ok = d <= tol * max(1.0, abs(e))
-                if math.isnan(d):
-                    d, ok = math.inf, False
-                worst = max(worst, d)
-                if not ok:
-                    bad.append((ctx, tok, g, e))
-        return LogitsReport(
-            ok=not bad and len(rows) > 0, mode="sglang logprobs", positions=len(rows), max_abs_diff=worst,
-            tolerance=tol, contexts=tuple(c for c, _ in rows), mismatches=tuple(bad),
+        if isinstance(outs, Mapping):
+            outs = [outs]
+        rows: list[tuple[int, Any]] = []
+        for prompt, out in zip(prompts, outs):
+            meta = out.get("meta_info") or {}
+            generated = [int(t) for t in out.get("output_ids") or ()]
+            for i, lp in enumerate(meta.get("input_top_logprobs") or []):
+                if lp and i >= 1:  # entry 0 (the first prompt token) has no prediction
+                    rows.append((int(prompt[i - 1]), lp))
+            context = [int(prompt[-1]), *generated]
+            for i, lp in enumerate(meta.get("output_top_logprobs") or []):
+                if lp and i < len(context):
+                    rows.append((int(context[i]), lp))
+        return rows
+
+    def resolved_speculation(self) -> dict[str, Any]:
+        """The speculation settings SGLang resolved for the running engine (``ServerArgs``
+        after its own defaults and derivations), for the keys of :data:`SGLANG_DEFAULTS`."""
+        self._require_started()
+        keys = sorted({k for d in SGLANG_DEFAULTS.values() for k in d} | {"speculative_algorithm", "speculative_use_rejection_sampling"})
+        return {k: getattr(self._server_args, k, None) for k in keys}
+
+    # -- table swaps ---------------------------------------------------------------------
+
+    def _swap_allowed(self) -> frozenset[str]:
+        return _swap_setting(self._settings if self._config is not None else self._default_settings)
+
+    def swap(self, config: EngineConfig) -> SwapReport:
+        """Load ``config``'s tables into the running engine in place (see
+        :mod:`specfuzz.engines.sglang_swap`); :meth:`check_tables` must pass before sampling.
+
+        Raises SwapUnsupported (the caller starts the engine fresh) for what SGLang cannot
+        load in place or what could not be proven; InvalidInput for a config this engine
+        cannot run at all.
+        """
+        from specfuzz.engines import sglang_swap as sw
+
+        self._require_started()
+        if self._broken:
+            raise SwapUnsupported(f"the running engine's weights are in an unknown state ({self._broken})")
+        self.check_config(config)
+        assert self._config is not None
+        plan = sw.plan_swap(self._config, config, self._swap_allowed(), algorithm=self._algorithm)
+        t0 = time.perf_counter()
+        if not plan.parts:
+            return SwapReport(seconds=time.perf_counter() - t0)
+        draft_runner = self._algorithm in sw.DRAFT_RUNNER_ALGORITHMS
+        if draft_runner and self._draft_sums is None:
+            # The reference for every later draft check: what the fresh start loaded.
+            sums = sw.checksums(self._engine)
+            self._draft_sums = sw.split_checksums(sums)[1] if sums else None
+        if (plan.draft_dir is not None or plan.head_weights is not None) and not self._draft_sums:
+            raise SwapUnsupported("SGLang gave no draft-runner checksums (check_weights), without which a draft swap cannot be proven")
+        try:
+            self._load(plan, sw)
+        except SwapUnsupported as exc:
+            self._broken = f"swap failed: {exc}"
+            raise
+        except Exception as exc:  # noqa: BLE001 - SGLang raised mid-swap: the weights are unknown
+            self._broken = f"swap failed: {first_line(exc)}"
+            raise SwapUnsupported(f"SGLang failed mid-swap: {first_line(exc)}") from None
+        flushed = sw.flush(self._engine)
+        self._config = config
+        self._settings = self.settings_for(config)
+        self._vocab_size = int(read_config(Path(config.target_dir), "target_dir")["vocab_size"])
+        self._spec = config.speculation
+        self._unchecked = True
+        state = ("prefix cache", "ngram trie") if self._algorithm == "NGRAM" else ("prefix cache",)
+        return SwapReport(
+            seconds=time.perf_counter() - t0, parts=plan.parts,
+            reset=state if flushed else (), kept=() if flushed else state,
         )
+
+    def _load(self, plan, sw) -> None:
+        """The loads of a swap plan, each proven before the next (sglang_swap's docstring)."""
+        import numpy as np
+        from safetensors.torch import load_file
+
+        from specfuzz.tablegen import load_table
+
+        eng = self._engine
+        if plan.draft_dir is not None:  # STANDALONE: the draft into both runners
+            ok, msg = sw.update_from_disk(eng, plan.draft_dir)
+            if not ok:
+                raise SwapUnsupported(f"update_weights_from_disk refused the draft: {msg}")
+            table = load_table(plan.draft_dir).astype(np.float64)  # [V, V]
+            rep = compare_rows(self._logprob_rows(row_prompts(table.shape[0], self._config.max_model_len), 1, table.shape[0]),
+                                table, DEFAULT_LOGPROB_TOLERANCE)
+            if not rep.ok or set(rep.contexts) != set(range(table.shape[0])):
+                raise SwapUnsupported(f"the draft loaded into the target runner does not reproduce the draft table ({mismatch_summary(rep)})")
+            self._prove_runner_copy(sw)
+        if plan.head_weights is not None:  # EAGLE-3: the head's lm_head into both runners
+            lm = load_file(str(plan.head_weights))[sw.LM_HEAD]  # [V, H]
+            ok, msg = sw.update_draft_and_target(eng, [(sw.LM_HEAD, lm)])
+            if not ok:
+                raise SwapUnsupported(f"update_weights_from_tensor refused the head's lm_head: {msg}")
+            got = sw.read_weight(eng, sw.LM_HEAD, lm.shape[0])
+            want = sw.checkpoint_tensor(plan.head_weights, sw.LM_HEAD)
+            if got is None or got.shape != want.shape or not np.array_equal(got, want):
+                raise SwapUnsupported("the target runner's lm_head read back is not the head's lm_head just loaded")
+            self._prove_runner_copy(sw, names=(sw.LM_HEAD,))
+        if plan.target_weights is not None:
+            named = list(load_file(str(plan.target_weights)).items())
+            ok, msg = sw.update_target(eng, named, keep_draft=self._algorithm in sw.DRAFT_RUNNER_ALGORITHMS)
+            if not ok:
+                raise SwapUnsupported(f"update_weights_from_tensor refused the target: {msg}")
+
+    def _prove_runner_copy(self, sw, names: Sequence[str] | None = None) -> None:
+        """After one load into both runners: the draft runner's tensors (``names``, or all)
+        equal the target runner's; they become the proven draft checksums."""
+        sums = sw.checksums(self._engine)
+        if not sums:
+            raise SwapUnsupported("SGLang gave no tensor checksums (check_weights) to prove the draft load")
+        if names is None:
+            problems = sw.copy_problems(sums)
+        else:
+            # The named tensors equal the target runner's; every other one is as proven before.
+            target, _ = sw.split_checksums(sums)
+            reference = {**(self._draft_sums or {}), **{n: target.get(n, "<absent>") for n in names}}
+            problems = sw.draft_problems(sums, reference, self._algorithm)
+        if problems:
+            raise SwapUnsupported(f"the draft runner does not hold what the target runner holds: {problems[0]}")
+        self._draft_sums = sw.split_checksums(sums)[1]
+
+    def check_tables(self, *, tolerance: float | None = None) -> TableCheck:
+        """SGLang's own log-probabilities for every row of the running target table, against
+        the table; where a draft or head was swapped in, the proofs of sglang_swap's docstring.
+
+        Rows: prompts that visit every row (:func:`row_prompts`), one token each, top-V
+        logprobs (``logits_match_table``'s comparison: within ``tolerance * max(1, |table|)``,
+        default 1e-5 — bfloat16/float16 logits of table models are exact and SGLang takes
+        their log-softmax in float32 — and, below log(smallest normal float32), only as
+        low). A failed check leaves the engine unusable until it is started fresh.
+        """
+        from specfuzz.engines import sglang_swap as sw
+
+        self._require_started()
+        import numpy as np
+
+        from specfuzz.tablegen import load_table
+
+        assert self._config is not None
+        tol = DEFAULT_LOGPROB_TOLERANCE if tolerance is None else float(tolerance)
+        table = load_table(self._config.target_dir).astype(np.float64)  # [V, V]
+        V = table.shape[0]
+        prompts = row_prompts(V, self._config.max_model_len)
+        problems: list[str] = [self._broken] if self._broken else []
+        try:
+            rep = compare_rows(self._logprob_rows(prompts, 1, V), table, tol)
+        except Exception as exc:  # noqa: BLE001 - SGLang could not answer: not proven
+            rep = LogitsReport(ok=False, mode="sglang logprobs", positions=0, max_abs_diff=math.inf, tolerance=tol)
+            problems.append(f"logprob request failed: {first_line(exc)}")
+        missing = sorted(set(range(V)) - set(rep.contexts))
+        if not rep.ok:
+            problems.append(mismatch_summary(rep))
+        if missing:
+            problems.append(f"rows without logprobs: {missing[:10]}")
+        extra = []
+        if self._algorithm == "EAGLE":  # the head's table lives in the target's lm_head
+            want = sw.checkpoint_tensor(Path(self._config.target_dir) / sw.WEIGHTS_FILE, sw.LM_HEAD)  # [V, H]
+            got = sw.read_weight(self._engine, sw.LM_HEAD, want.shape[0])
+            if got is None or got.shape != want.shape or not np.array_equal(got, want):
+                problems.append("the target's lm_head (which carries the EAGLE head's table) read back differs from the checkpoint")
+            else:
+                extra.append("lm_head read back bit for bit (the EAGLE head's table included)")
+        if self._algorithm in sw.DRAFT_RUNNER_ALGORITHMS and self._draft_sums is not None:
+            sums = sw.checksums(self._engine)
+            bad = ["no tensor checksums"] if not sums else sw.draft_problems(sums, self._draft_sums, self._algorithm)
+            if bad:
+                problems.append(f"draft runner: {bad[0]}")
+            else:
+                extra.append(f"draft runner: {len(self._draft_sums)} tensor checksums as proven")
+        if not sw.flush(self._engine):
+            extra.append("the flush after the check did not happen (scheduler busy)")
+        ok = not problems
+        if ok:
+            self._unchecked = False
+        else:
+            self._broken = self._broken or f"table check failed: {problems[0]}"
+        detail = (f"SGLang logprobs of all {V} rows in {len(prompts)} request(s): max |diff| {rep.max_abs_diff:.3g} "
+                  f"(tolerance {tol:g} x max(1, |table|); below {FLOAT32_LOG_TINY} only as low)")
+        detail = "; ".join([detail, *extra, *problems])
+        return TableCheck(ok=ok, rows=len(set(rep.contexts)), max_abs_diff=float(rep.max_abs_diff), tolerance=tol, detail=detail)

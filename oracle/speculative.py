@@ -132,6 +132,11 @@ class SpecConfig:
     # default), and the fields above hold what the engine documents it then uses
     # (Capabilities.spec_defaults), as far as SpecConfig can say it.
     engine_default: bool = False
+    # Trees whose breadth falls with depth (SGLang's NGRAM: from tree_topk children per
+    # node after a short match down to tree_topk_min after the deepest one); None: every
+    # node has up to tree_topk children. The reference sampler models only the latter:
+    # μ does not depend on it (the verdict stays exact), only bug-law attribution does.
+    tree_topk_min: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ENGINE_METHODS:
@@ -153,6 +158,9 @@ class SpecConfig:
             raise InvalidInput("tree_topk", self.tree_topk, "an integer in [1, 16]")
         if not 1 <= self.tree_budget <= 64:
             raise InvalidInput("tree_budget", self.tree_budget, "an integer in [1, 64]")
+        m = self.tree_topk_min
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.tree_topk):
+            raise InvalidInput("tree_topk_min", m, f"None or an integer in [1, tree_topk={self.tree_topk}]")
         if self.inject is not None and self.inject not in BUG_CLASSES:
             raise InvalidInput("inject", self.inject, f"None or one of {sorted(BUG_CLASSES)}")
 
@@ -168,6 +176,8 @@ class SpecConfig:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         if not self.engine_default:
             del out["engine_default"]  # absent = False: cases stored before the field stay byte-equal
+        if self.tree_topk_min is None:
+            del out["tree_topk_min"]  # absent = None, likewise
         return out
 
     @classmethod

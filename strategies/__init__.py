@@ -207,7 +207,8 @@ def start_shapes(
 ) -> StartShape:
     """A start shape: V from ``widths`` (within the methods' floors and ``max_vocab``), EOS,
     speculation settings and the draft's width. ``engine_default``: the method runs at the
-    engine's own defaults (``spec_defaults[method]``), only K drawn (engines require it)."""
+    engine's own defaults (``spec_defaults[method]``); K is drawn only where those do not state it
+    (vLLM requires K and has no default for it; SGLang's defaults fix it)."""
     floors = dict(min_vocab or {})
     methods = tuple(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"))
     lo_v = min(max(2, floors.get(m, 2)) for m in methods) if speculation else 2
@@ -222,7 +223,9 @@ def start_shapes(
     if engine_default:
         method = draw(st.sampled_from(fit))
         kw = dict((spec_defaults or {}).get(method) or {})
-        kw.update(method=method, num_speculative_tokens=draw(st.integers(1, max_k)), engine_default=True, inject=inject)
+        kw.update(method=method, engine_default=True, inject=inject)
+        if "num_speculative_tokens" not in kw:  # an engine that requires K (vLLM) states no default for it
+            kw["num_speculative_tokens"] = draw(st.integers(1, max_k))
         spec = SpecConfig(**kw)
     else:
         spec = draw(spec_configs(fit, max_k, inject, spec_knobs))

@@ -40,8 +40,11 @@ from specfuzz.engines.reference_engine import ReferenceEngine
 from specfuzz.engines.sglang_engine import (
     DEFAULT_SETTINGS,
     SETTINGS_ENV,
+    SGLANG_DEFAULTS,
+    SPEC_DEFAULTS,
     SGLangEngine,
     completion_from_output,
+    row_prompts,
     sampling_params_dict,
     speculative_kwargs,
     unknown_server_args,
@@ -166,8 +169,9 @@ def test_sampled_drafts_from_a_reduced_eagle3_vocabulary_are_refused_with_sglang
 
 def test_heads_switched_off_are_refused_naming_the_switch(monkeypatch, tmp_path):
     import specfuzz.engines.sglang_engine as sg
+    import specfuzz.engines.sglang_mapping as sm
 
-    monkeypatch.setattr(sg, "HEADS_ENABLED", False)
+    monkeypatch.setattr(sm, "HEADS_ENABLED", False)
     with pytest.raises(InvalidInput, match="HEADS_ENABLED"):
         speculative_kwargs(SpecConfig("eagle3", 2), draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
     assert "eagle" not in sg.SGLangEngine().capabilities().methods
@@ -222,6 +226,139 @@ def test_unknown_server_args_names_keys_this_sglang_lacks(server_args_fields):
     assert unknown_server_args(["attention_backend", "no_such_knob", "speculative_ngram_min_match_window_size"], server_args_fields) == [
         "no_such_knob", "speculative_ngram_min_match_window_size",
     ]
+
+
+# ----------------------------------------------------------------------------- engine defaults and knobs
+
+
+def _const(node: ast.AST):
+    """The value of a constant expression of numbers/strings (e.g. ``10 * 1000 * 1000``)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _const(node.left) * _const(node.right)
+    if isinstance(node, ast.Tuple):
+        return tuple(_const(e) for e in node.elts)
+    raise ValueError(ast.dump(node))
+
+
+def _sglang_source(rel: str) -> ast.Module:
+    path = SGLANG_SITE / rel
+    if not path.is_file():
+        pytest.skip(f"SGLang source not found at {SGLANG_SITE} (set SGLANG_SITE)")
+    return ast.parse(path.read_text())
+
+
+def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
+    return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_sglang_defaults_are_what_sglang_0_5_17_sets_when_only_the_method_is_given():
+    tree = _sglang_source("sglang/srt/server_args.py")
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+    field_defaults = {n.target.id: _const(n.value) for n in cls.body
+                      if isinstance(n, ast.AnnAssign) and n.target.id.startswith("speculative_ngram") and n.value is not None}
+    ngram = SGLANG_DEFAULTS["NGRAM"]
+    for k in ("speculative_ngram_min_bfs_breadth", "speculative_ngram_max_bfs_breadth", "speculative_ngram_max_trie_depth",
+              "speculative_ngram_match_type", "speculative_ngram_capacity"):
+        assert field_defaults[k] == ngram[k], k
+    hook = _sglang_source("sglang/srt/arg_groups/speculative_hook.py")
+    # _handle_ngram: num_draft_tokens = 12 when unset; topk = max breadth; steps = tokens // topk.
+    sets = {ast.unparse(n.targets[0]): n.value for n in ast.walk(_function(hook, "_handle_ngram")) if isinstance(n, ast.Assign)}
+    assert _const(sets["server_args.speculative_num_draft_tokens"]) == ngram["speculative_num_draft_tokens"]
+    assert ast.unparse(sets["server_args.speculative_eagle_topk"]) == "server_args.speculative_ngram_max_bfs_breadth"
+    assert ngram["speculative_eagle_topk"] == ngram["speculative_ngram_max_bfs_breadth"]
+    assert ngram["speculative_num_steps"] == ngram["speculative_num_draft_tokens"] // ngram["speculative_eagle_topk"]
+    # _auto_choose_speculative_params: STANDALONE first, then the target architecture (tablegen: LlamaForCausalLM).
+    returns = [(ast.unparse(n.test), _const(n.body[0].value)) for n in ast.walk(_function(hook, "_auto_choose_speculative_params"))
+               if isinstance(n, ast.If) and isinstance(n.body[0], ast.Return)]
+    by_test = dict(returns)
+    assert by_test["server_args.speculative_algorithm == 'STANDALONE'"] == tuple(SGLANG_DEFAULTS["STANDALONE"].values())
+    assert by_test["model_arch in ['LlamaForCausalLM']"] == tuple(SGLANG_DEFAULTS["EAGLE"].values())
+    assert SGLANG_DEFAULTS["EAGLE3"] == SGLANG_DEFAULTS["EAGLE"]
+
+
+def test_ngram_default_fields_map_explicitly_onto_exactly_sglangs_resolved_ngram_defaults():
+    kw = speculative_kwargs(SpecConfig("ngram_tree", **SPEC_DEFAULTS["ngram_tree"]))
+    assert kw == {"speculative_algorithm": "NGRAM", **{k: SGLANG_DEFAULTS["NGRAM"][k] for k in kw if k != "speculative_algorithm"}}
+    assert set(kw) - {"speculative_algorithm"} == set(SGLANG_DEFAULTS["NGRAM"]) - {
+        "speculative_eagle_topk", "speculative_ngram_match_type", "speculative_ngram_capacity"}
+
+
+def test_standalone_default_fields_map_explicitly_onto_sglangs_default_chain(tmp_path):
+    kw = speculative_kwargs(SpecConfig("draft_model", **SPEC_DEFAULTS["draft_model"]), draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+    assert {k: kw[k] for k in SGLANG_DEFAULTS["STANDALONE"]} == SGLANG_DEFAULTS["STANDALONE"]
+
+
+@pytest.mark.parametrize("method", sorted(SPEC_DEFAULTS))
+def test_engine_defaults_send_only_the_method_and_the_draft(tmp_path, method):
+    spec = SpecConfig(method, **SPEC_DEFAULTS[method], engine_default=True)
+    kw = speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+    algo = {"ngram_tree": "NGRAM", "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}[method]
+    want = {"speculative_algorithm": algo}
+    if spec.uses_draft_model:
+        want["speculative_draft_model_path"] = str(tmp_path)
+    assert kw == want
+
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        (SpecConfig("ngram_tree", 2, tree_topk=2, tree_budget=4, engine_default=True), "speculation.num_speculative_tokens=2"),
+        (SpecConfig("draft_model", 3, draft_sampling="sampled", engine_default=True), "speculation.draft_sampling='sampled'"),
+        (SpecConfig("ngram", 11, engine_default=True), "False for method 'ngram'"),
+        (SpecConfig("eagle_tree", 3, draft_sampling="greedy", engine_default=True), "False for method 'eagle_tree'"),
+    ],
+)
+def test_engine_default_configs_that_misstate_sglangs_defaults_are_refused(tmp_path, spec, needle):
+    with pytest.raises(InvalidInput) as info:
+        speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6, draft_vocab=6)
+    assert needle in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_default_tree_needs_a_draft_vocabulary_of_at_least_its_top_k(tmp_path, method):
+    spec = SpecConfig(method, **SPEC_DEFAULTS[method], engine_default=True)
+    with pytest.raises(InvalidInput, match="top 4 draft tokens"):
+        speculative_kwargs(spec, draft_dir=tmp_path, target_vocab=6 if method == "eagle3" else 3, draft_vocab=3)
+
+
+def test_ngram_tree_maps_min_and_max_bfs_breadth_separately():
+    kw = speculative_kwargs(SpecConfig("ngram_tree", 4, ngram_max=3, tree_topk=6, tree_topk_min=2, tree_budget=9))
+    assert kw["speculative_ngram_max_bfs_breadth"] == 6 and kw["speculative_ngram_min_bfs_breadth"] == 2
+    assert kw["speculative_num_draft_tokens"] == 10 and kw["speculative_ngram_max_trie_depth"] == 7
+    assert kw["speculative_num_steps"] == 1  # 10 // 6
+
+
+def test_tree_topk_min_is_validated_and_left_out_of_json_when_unset():
+    with pytest.raises(InvalidInput, match="tree_topk_min=3"):
+        SpecConfig("ngram_tree", 2, tree_topk=2, tree_topk_min=3)
+    assert "tree_topk_min" not in SpecConfig("ngram_tree", 2).to_json()
+    spec = SpecConfig("ngram_tree", 2, tree_topk=3, tree_topk_min=1)
+    assert SpecConfig.from_json(spec.to_json()) == spec
+
+
+def test_spec_knobs_reach_sglangs_default_sizes_and_every_default_is_drawable():
+    caps = SGLangEngine().capabilities()
+    assert caps.spec_defaults == SPEC_DEFAULTS
+    for method, fields in SPEC_DEFAULTS.items():
+        for k, v in fields.items():
+            allowed = caps.spec_knobs.get(f"{method}.{k}", caps.spec_knobs.get(k))
+            assert allowed is None or v in allowed, (method, k, v, allowed)
+    assert max(caps.spec_knobs["ngram_tree.tree_topk"]) == SGLANG_DEFAULTS["NGRAM"]["speculative_ngram_max_bfs_breadth"]
+    assert max(caps.spec_knobs["ngram_tree.tree_budget"]) + 1 == SGLANG_DEFAULTS["NGRAM"]["speculative_num_draft_tokens"]
+    assert max(caps.spec_knobs["eagle_tree.tree_topk"]) == SGLANG_DEFAULTS["EAGLE"]["speculative_eagle_topk"]
+    assert caps.swap == frozenset({"target", "draft", "head"})
+    assert SGLangEngine(swap=["target"]).capabilities().swap == frozenset({"target"})
+    with pytest.raises(InvalidInput, match="settings\\['swap'\\]"):
+        SGLangEngine(swap="target").capabilities()
+
+
+def test_row_prompts_visit_every_row_once_within_the_context_length():
+    for vocab, ctx in [(6, 64), (100, 32), (7, 2), (1, 64)]:
+        prompts = row_prompts(vocab, ctx)
+        assert sorted(t for p in prompts for t in p) == list(range(vocab))
+        assert all(1 <= len(p) <= ctx - 1 for p in prompts)
 
 
 # ----------------------------------------------------------------------------- sampling mapping
@@ -409,6 +546,150 @@ def test_capabilities_follow_the_settings():
 def test_generate_before_start_is_an_error():
     with pytest.raises(RuntimeError, match="start"):
         SGLangEngine().generate([Request(PROMPT, SP())])
+    with pytest.raises(RuntimeError, match="start"):
+        SGLangEngine().check_tables()
+    with pytest.raises(RuntimeError, match="start"):
+        SGLangEngine().swap(EngineConfig(target_dir=Path("/nonexistent"), dtype="bfloat16"))
+
+
+# ----------------------------------------------------------------------------- site settings, engine defaults
+
+
+def test_speculative_site_settings_apply_to_speculative_runs_only(tmp_path, monkeypatch):
+    monkeypatch.setenv(SETTINGS_ENV, json.dumps({"speculative_ngram_capacity": 1000, "speculative_attention_mode": "decode",
+                                                 "disable_cuda_graph": True}))
+    eng = SGLangEngine()
+    off = _config(tmp_path)
+    on = _config(tmp_path, SpecConfig("ngram", 2))
+    kw_off, kw_on = eng.check_config(off), eng.check_config(on)
+    assert not [k for k in kw_off if k.startswith("speculative_")]  # the calibration run does not see them
+    assert kw_on["speculative_ngram_capacity"] == 1000 and kw_on["speculative_attention_mode"] == "decode"
+    assert "speculative_ngram_capacity" not in eng.settings_for(off) and eng.settings_for(on)["speculative_ngram_capacity"] == 1000
+    # Per-run settings too (`specfuzz check --engine-setting` reaches the calibration run as well).
+    per_run = _config(tmp_path, None, speculative_ngram_match_type="PROB")
+    assert "speculative_ngram_match_type" not in eng.check_config(per_run)
+
+
+def test_speculation_knobs_the_adapter_maps_are_refused_in_site_settings_even_with_speculation_off(tmp_path, monkeypatch):
+    monkeypatch.setenv(SETTINGS_ENV, json.dumps({"speculative_ngram_min_bfs_breadth": 2}))
+    for spec in (None, SpecConfig("ngram", 2)):
+        with pytest.raises(InvalidInput, match="settings\\['speculative_ngram_min_bfs_breadth'\\]"):
+            SGLangEngine().check_config(_config(tmp_path, spec))
+
+
+@pytest.mark.parametrize("method", sorted(SPEC_DEFAULTS))
+def test_engine_default_configs_start_sglang_with_no_pinned_knobs(tmp_path, method):
+    spec = SpecConfig(method, **SPEC_DEFAULTS[method], engine_default=True)
+    draft = T if spec.uses_draft_model else None
+    case = Case(T, PROMPT, SP(max_tokens=3), eos_token_id=EOS, spec=spec, draft_table=draft)
+    cfg = engine_config(case, tmp_path, dtype="bfloat16")
+    kw = SGLangEngine().check_config(cfg)
+    pinned = {k for k in kw if k.startswith("speculative_")} - {"speculative_algorithm", "speculative_draft_model_path"}
+    assert not pinned
+    # SGLang picks its EAGLE default by the target's architecture: every table target is a Llama.
+    assert json.loads((cfg.target_dir / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+# ----------------------------------------------------------------------------- swap plans (real checkpoints)
+
+
+def _family(tmp_path, seed: int, spec=None, *, V=V, eos=EOS, dtype="bfloat16", draft="random", d2t=None) -> EngineConfig:
+    """The engine config of one random table model (and draft), as the campaign writes it."""
+    rng = np.random.default_rng(seed)
+    table = (rng.integers(-8, 9, (V, V)) / 4).astype(np.float32)  # [V, V] exact in bfloat16
+    dt = None
+    if spec is not None and spec.uses_draft_model:
+        dt = (rng.integers(-8, 9, (V, V)) / 4).astype(np.float32) if isinstance(draft, str) else draft
+    case = Case(table, PROMPT[:2], SP(max_tokens=3), eos_token_id=eos, spec=spec, draft_table=dt, draft_d2t=d2t)
+    return engine_config(case, tmp_path, dtype=dtype, speculation=spec is not None)
+
+
+def test_swap_plan_loads_a_new_target_table_of_the_same_shape(tmp_path):
+    from specfuzz.engines.sglang_swap import plan_swap
+
+    spec = SpecConfig("ngram", 2)
+    a, b = _family(tmp_path, 1, spec), _family(tmp_path, 2, spec)
+    plan = plan_swap(a, b, {"target"}, algorithm="NGRAM")
+    assert plan.parts == ("target",) and plan.target_weights == b.target_dir / "model.safetensors"
+    assert plan.draft_dir is None and plan.head_weights is None
+    assert plan_swap(a, a, {"target"}, algorithm="NGRAM").target_weights is None  # nothing to load
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"V": V + 1}, "config.json"),  # another vocabulary: config.json (vocab_size) differs
+        ({"eos": 0}, "config.json"),  # another EOS
+        ({"dtype": "float16"}, "EngineConfig.dtype"),
+    ],
+)
+def test_swap_into_a_table_of_another_shape_is_refused_naming_the_difference(tmp_path, change, needle):
+    from specfuzz.engines.base import SwapUnsupported
+    from specfuzz.engines.sglang_swap import plan_swap
+
+    spec = SpecConfig("ngram", 2)
+    with pytest.raises(SwapUnsupported, match="running engine's shapes") as info:
+        plan_swap(_family(tmp_path, 1, spec), _family(tmp_path, 2, spec, **change), {"target"}, algorithm="NGRAM")
+    assert needle in str(info.value)
+
+
+def test_standalone_draft_swap_loads_the_draft_into_both_runners_first(tmp_path):
+    from specfuzz.engines.base import SwapUnsupported
+    from specfuzz.engines.sglang_swap import plan_swap
+
+    spec = SpecConfig("draft_model", 2, draft_sampling="greedy")
+    a, b = _family(tmp_path, 1, spec), _family(tmp_path, 2, spec)
+    plan = plan_swap(a, b, {"target", "draft"}, algorithm="STANDALONE")
+    assert plan.parts == ("target", "draft") and plan.draft_dir == b.draft_dir
+    assert plan.target_weights == b.target_dir / "model.safetensors"  # loaded last: the draft load wrote the target runner
+    with pytest.raises(SwapUnsupported, match="does not swap the draft"):
+        plan_swap(a, b, {"target"}, algorithm="STANDALONE")
+    # Same target, new draft: the target is reloaded all the same.
+    same_target = _family(tmp_path, 1, spec, draft=np.zeros((V, V), np.float32))
+    only_draft = plan_swap(a, same_target, {"target", "draft"}, algorithm="STANDALONE")
+    assert only_draft.parts == ("draft",) and only_draft.target_weights == a.target_dir / "model.safetensors"
+
+
+def test_eagle_head_swap_reuses_the_running_heads_identical_weights(tmp_path):
+    from specfuzz.engines.sglang_swap import plan_swap
+
+    spec = SpecConfig("eagle", 2, draft_sampling="greedy")
+    a, b = _family(tmp_path, 1, spec), _family(tmp_path, 2, spec)
+    assert a.draft_dir != b.draft_dir
+    plan = plan_swap(a, b, {"target", "head"}, algorithm="EAGLE")
+    # The head's table rides in the target's lm_head; the head itself loads nothing.
+    assert plan.parts == ("target", "head") and plan.head_weights is None and plan.draft_dir is None
+
+
+def test_full_width_eagle3_head_swap_loads_only_its_lm_head_and_a_reduced_one_is_refused(tmp_path):
+    from specfuzz.engines.base import SwapUnsupported
+    from specfuzz.engines.sglang_swap import plan_swap
+
+    spec = SpecConfig("eagle3", 2, draft_sampling="greedy")
+    a, b = _family(tmp_path, 1, spec), _family(tmp_path, 2, spec)
+    plan = plan_swap(a, b, {"target", "head"}, algorithm="EAGLE3")
+    assert plan.parts == ("target", "head") and plan.head_weights is not None
+    assert plan.head_weights.parent.name.endswith("-sglang")  # the SGLang-layout twin SGLang loaded
+    rng = np.random.default_rng(3)
+    narrow = [(rng.integers(-8, 9, (V, 4)) / 4).astype(np.float32) for _ in range(2)]
+    c = _family(tmp_path, 1, spec, draft=narrow[0], d2t=(0, 2, 3, 5))
+    d = _family(tmp_path, 2, spec, draft=narrow[1], d2t=(0, 2, 3, 5))
+    with pytest.raises(SwapUnsupported, match="reduced EAGLE-3 draft vocabulary"):
+        plan_swap(c, d, {"target", "head"}, algorithm="EAGLE3")
+
+
+def test_draft_checksums_must_stay_as_proven_and_shared_tensors_must_follow_the_target():
+    from specfuzz.engines.sglang_swap import copy_problems, draft_problems
+
+    proven = {"fc.weight": "a", "model.embed_tokens.weight": "e"}
+    now = {"lm_head.weight": "L", "model.embed_tokens.weight": "E", "draft.fc.weight": "a", "draft.model.embed_tokens.weight": "E"}
+    assert draft_problems(now, proven, "EAGLE3") == []  # the shared embedding follows the target's
+    assert draft_problems({**now, "draft.fc.weight": "b"}, proven, "EAGLE3") == ["fc.weight: b != proven a"]
+    assert "not shared any more" in draft_problems({**now, "draft.model.embed_tokens.weight": "e"}, proven, "EAGLE3")[0]
+    assert "missing" in draft_problems({"lm_head.weight": "L"}, proven, "STANDALONE")[0]
+    assert copy_problems({"x": "1", "draft.x": "1"}) == []
+    assert copy_problems({"x": "1", "draft.x": "2"}) == ["x: draft 2 != target 1"]
+    assert copy_problems({"x": "1"}) == ["SGLang reported no draft-runner checksums"]
 
 
 # ----------------------------------------------------------------------------- isolation: non-daemon children
@@ -662,3 +943,135 @@ def test_gpu_eagle_heads_draft_exactly_from_their_tables(tmp_path):
 
     report = check_heads("sglang", tmp_path, dtype=DTYPE)
     assert report["ok"], json.dumps(report, default=str)[:4000]
+
+
+# ----------------------------------------------------------------------------- table swaps on the real engine (CUDA)
+
+N_SWAPS = 200
+N_PER_TABLE = 300
+
+
+def _table_case(seed: int, spec, *, V=V, draft_width=None) -> Case:
+    """A random table model (and draft) with values exact in bfloat16; every draw shares
+    the shapes, so all of them swap into one engine."""
+    rng = np.random.default_rng(seed)
+    table = (rng.integers(-8, 9, (V, V)) / 4).astype(np.float32)  # [V, V]
+    draft = None
+    if spec is not None and spec.uses_draft_model:
+        draft = (rng.integers(-8, 9, (V, draft_width or V)) / 4).astype(np.float32)  # [V, V_draft]
+    return Case(table, PROMPT, SP(max_tokens=3), eos_token_id=EOS, spec=spec, draft_table=draft)
+
+
+def _sample_and_judge(eng, case: Case, n: int, alpha: float, seed0: int):
+    from specfuzz.oracle.judge import CaseTest
+
+    test = CaseTest(case, alpha=alpha, profile="sglang", with_bug_laws=False)
+    outs = eng.generate([Request(case.prompt, case.params, seed0 + i) for i in range(n)])
+    test.update([tuple(o.token_ids) for o in outs])
+    return test.judgement(n_planned=n).verdict
+
+
+def _swap_and_check(eng, cfg):
+    report = eng.call("swap", cfg)
+    check = eng.call("check_tables")
+    return report, check
+
+
+@gpu
+@needs_gpu
+def test_gpu_200_tables_swapped_into_one_engine_each_pass_the_table_check_and_agree_with_mu(tmp_path):
+    spec = SpecConfig("ngram_tree", 2, ngram_max=2, tree_topk=3, tree_topk_min=1, tree_budget=5)
+    alpha = ALPHA / N_SWAPS  # no false alarm over the whole run
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        first = _table_case(0, spec)
+        eng.start(engine_config(first, tmp_path, dtype=DTYPE))
+        assert eng.call("check_tables").ok
+        for i in range(1, N_SWAPS + 1):
+            case = _table_case(i, spec)
+            # The isolation layer swaps in place and runs check_tables before returning.
+            eng.start(engine_config(case, tmp_path, dtype=DTYPE))
+            assert eng.swaps == i and not eng.events, eng.events
+            report = eng.last_swap
+            assert report.parts == ("target",) and set(report.reset) == {"prefix cache", "ngram trie"}, report
+            verdict = _sample_and_judge(eng, case, N_PER_TABLE, alpha, seed0=i * N_PER_TABLE)
+            assert verdict.status != "fail", f"table {i}: {verdict.evidence}"
+        assert eng.starts == 1
+        check = eng.call("check_tables")
+        assert check.ok and check.rows == V, check.detail
+    finally:
+        eng.close()
+
+
+SWAP_METHODS = [
+    ("off", None, None),
+    ("ngram-default", SpecConfig("ngram_tree", **SPEC_DEFAULTS["ngram_tree"], engine_default=True), None),
+    ("standalone-draft", SpecConfig("draft_model", 2, draft_sampling="greedy"), None),
+    ("standalone-narrower-draft", SpecConfig("draft_model", 2, draft_sampling="greedy"), 4),
+    ("eagle", SpecConfig("eagle", 2, draft_sampling="greedy"), None),
+    ("eagle3-full-width", SpecConfig("eagle3", 2, draft_sampling="greedy"), None),
+]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name,spec,width", SWAP_METHODS, ids=[m[0] for m in SWAP_METHODS])
+def test_gpu_swaps_of_target_draft_and_heads_are_proven_and_agree_with_mu(tmp_path, name, spec, width):
+    n_tables = 10
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        eng.start(engine_config(_table_case(0, spec, draft_width=width), tmp_path, dtype=DTYPE, speculation=spec is not None))
+        assert eng.call("check_tables").ok
+        for i in range(1, n_tables + 1):
+            case = _table_case(i, spec, draft_width=width)
+            report, check = _swap_and_check(eng, engine_config(case, tmp_path, dtype=DTYPE, speculation=spec is not None))
+            want = {"target"} | ({"head"} if name.startswith("eagle") else {"draft"} if spec is not None and spec.uses_draft_model else set())
+            assert set(report.parts) == want, report
+            assert check.ok, check.detail
+            verdict = _sample_and_judge(eng, case, N_PER_TABLE, ALPHA / n_tables, seed0=i * N_PER_TABLE)
+            assert verdict.status != "fail", f"{name} table {i}: {verdict.evidence}"
+    finally:
+        eng.close()
+
+
+@gpu
+@needs_gpu
+def test_gpu_swap_into_a_table_of_another_shape_is_refused_and_a_fresh_engine_serves_it(tmp_path):
+    from specfuzz.engines.base import SwapUnsupported
+
+    spec = SpecConfig("ngram", 2)
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        eng.start(engine_config(_table_case(0, spec), tmp_path, dtype=DTYPE))
+        wider = _table_case(1, spec, V=V + 1)
+        cfg = engine_config(wider, tmp_path, dtype=DTYPE)
+        with pytest.raises(SwapUnsupported, match="running engine's shapes"):
+            eng.call("swap", cfg)
+        # The engine still serves its own table, untouched.
+        assert eng.call("check_tables").ok
+        eng.start(cfg)  # what the isolation layer does with another shape: a fresh start
+        assert eng.starts == 2 and eng.swaps == 0
+        assert eng.call("check_tables").ok
+        verdict = _sample_and_judge(eng, wider, N_PER_TABLE, ALPHA, seed0=0)
+        assert verdict.status != "fail", verdict.evidence
+    finally:
+        eng.close()
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("method", sorted(SPEC_DEFAULTS))
+def test_gpu_engine_defaults_run_sglangs_own_defaults_and_agree_with_mu(tmp_path, method):
+    spec = SpecConfig(method, **SPEC_DEFAULTS[method], engine_default=True)
+    case = _table_case(0, spec)
+    algo = {"ngram_tree": "NGRAM", "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}[method]
+    eng = IsolatedEngine("sglang", log_dir=tmp_path / "logs")
+    try:
+        eng.start(engine_config(case, tmp_path, dtype=DTYPE))
+        resolved = eng.call("resolved_speculation")
+        assert {k: resolved[k] for k in SGLANG_DEFAULTS[algo]} == SGLANG_DEFAULTS[algo], resolved
+        run = _run(eng, tmp_path, case, N_ON, speculation=True)
+        assert run.crash is None, run.crash
+        assert run.judgement.verdict.status != "fail", f"{method}: {run.judgement.verdict.evidence}"
+    finally:
+        eng.close()
