@@ -86,9 +86,16 @@ def parse_settings(items: tuple[str, ...]) -> dict:
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
 @click.option("--no-swap", is_flag=True,
               help="Start the engine afresh for every table model instead of loading new tables into the running engine.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run on Ray: engine actors search, this process alone writes the corpus. Alone: a local cluster; 'auto': the cluster running here; or HOST:PORT.")
+@click.option("--engines", default=None, type=int, help="With --ray: engine actors (default: one per GPU; CPU engines: one per CPU).")
+@click.option("--gpus-per-engine", default=None, type=float,
+              help="With --ray: GPUs per engine actor (0.25 packs four engines on a GPU; 0: CPU actors). Default: 1 on a cluster with GPUs (reference engine: 0).")
+@click.option("--cpus-per-engine", default=1.0, show_default=True, type=float, help="With --ray: CPUs per engine actor.")
 @click.option("--worker-index", default=0, hidden=True)
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, ray_address, engines, gpus_per_engine,
+             cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
@@ -96,6 +103,16 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     budget_s = parse_budget(budget)
     if workers < 1:
         raise click.BadParameter(f"{workers}: an integer >= 1", param_hint="--workers")
+    if ray_address is None and (engines is not None or gpus_per_engine is not None):
+        raise click.BadParameter("--engines and --gpus-per-engine: only with --ray", param_hint="--ray")
+    if ray_address is not None and workers > 1:
+        raise click.BadParameter(f"{workers}: 1 with --ray (--engines sets the engine actors)", param_hint="--workers")
+    if engines is not None and engines < 1:
+        raise click.BadParameter(f"{engines}: an integer >= 1", param_hint="--engines")
+    if gpus_per_engine is not None and gpus_per_engine < 0:
+        raise click.BadParameter(f"{gpus_per_engine}: 0 (CPU actors), a fraction of a GPU such as 0.25, or whole GPUs", param_hint="--gpus-per-engine")
+    if cpus_per_engine <= 0:
+        raise click.BadParameter(f"{cpus_per_engine}: a number > 0", param_hint="--cpus-per-engine")
     meth: tuple[str, ...] | None
     if not methods:
         meth = None
@@ -132,6 +149,9 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         max_patterns=patterns, swap=not no_swap,
     )
     display = None if quiet else LiveDisplay(cfg, console)
+    if ray_address is not None:
+        _fuzz_on_ray(cfg, ray_address, engines, gpus_per_engine, cpus_per_engine, display)
+        return
     campaign = Campaign(cfg, on_event=None if display is None else display.update)
     try:
         if display is not None:
@@ -148,6 +168,27 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
 
         totals = merge_worker_totals(corpus_dir, workers, totals)
     print_summary(console, cfg, stats, campaign.corpus, totals)
+
+
+def _fuzz_on_ray(cfg, address: str, engines, gpus_per_engine, cpus_per_engine, display) -> None:
+    """``fuzz --ray``: the campaign on Ray (specfuzz.fuzz.ray_driver), then its summary."""
+    from specfuzz.fuzz.corpus import Corpus
+    from specfuzz.fuzz.display import print_ray_summary, print_summary
+    from specfuzz.fuzz.ray_driver import RayOptions, run_ray_campaign
+
+    opts = RayOptions(address=None if address == "local" else address, engines=engines,
+                      gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine)
+    if display is not None:
+        with display:
+            outcome = run_ray_campaign(cfg, opts, on_event=display.update)
+    else:
+        outcome = run_ray_campaign(cfg, opts)
+    if isinstance(outcome.fatal, SpecfuzzError):
+        raise outcome.fatal
+    print_summary(console, cfg, outcome.stats, Corpus(cfg.corpus_dir), outcome.totals)
+    print_ray_summary(console, outcome)
+    if isinstance(outcome.fatal, KeyboardInterrupt):
+        sys.exit(130)
 
 
 # Each campaign process runs up to this many engines at once (searching, speculation-off
