@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import socket
 import tempfile
@@ -32,10 +33,13 @@ from pathlib import Path
 
 from specfuzz.case import Case
 from specfuzz.fuzz.campaign import (
-    BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver,
+    CONFIRM_FACTOR, BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver,
 )
 from specfuzz.fuzz.corpus import Entry
 
+# Engine seeds of a retried family's runs: RETRY_SEED x (search index + 1) and up (screening
+# seeds are search seed x 1,000,003 plus offsets, so these do not repeat a search's).
+RETRY_SEED = 7_000_003
 # CampaignStats fields an actor reports (numbers; the driver adds them up).
 REPORTED_STATS = tuple(f.name for f in dataclasses.fields(CampaignStats)
                        if f.type in ("int", "float", int, float) and f.name != "started")
@@ -56,7 +60,7 @@ class HubCorpus:
         self.root = Path("<driver>")
 
     def store(self, entry: Entry) -> tuple[Path, bool]:
-        entry.extra.setdefault("found_by", dict(self.found_by))
+        entry.extra.setdefault("found_by", json.loads(json.dumps(self.found_by)))
         name, new = _get(self.hub.store.remote(entry.to_json()))
         return Path(name), new
 
@@ -198,40 +202,82 @@ class ActorCampaign(Campaign):
                 "seconds": round(time.monotonic() - t0, 2)}
 
     def retry(self, record: dict, left_s: float) -> dict:
-        """A family whose actor died, run again here on a fresh engine: a crash is stored
-        (unshrunk: a later search that meets it shrinks it), a failure confirmed and stored
-        as found; a pass is counted like any family."""
+        """A family whose actor died, run again here on a fresh engine. A crash is stored
+        (unshrunk, as a crash met while shrinking something else is: a search that meets it
+        again shrinks it); a failure is confirmed, shrunk greedily (fuzz/shrink.py, every
+        reduction re-run on fresh samples, the result confirmed again on a fresh engine)
+        and stored; a pass is counted like any family."""
         self.deadline = time.monotonic() + left_s
         self.search_index = int(record.get("search") or 0)
         cases = [Case.from_json(c) for c in record["cases"]]
         speculation = bool(record.get("speculation", True))
         if self._profile is None:
             self._profile = self.engine.capabilities().profile
-        runs = self._run(cases, [self.spender.peek()] * len(cases), 7_000_003 * (self.search_index + 1),
-                         speculation=speculation, fresh=True)
+        seed = RETRY_SEED * (self.search_index + 1)
+        runs = self._run(cases, [self.spender.peek()] * len(cases), seed, speculation=speculation, fresh=True)
         for _ in cases:
             self.spender.next()
         self.stats.cases += 1
         self.stats.patterns += len(cases)
         self._count(cases, runs, speculation)
+        self.corpus.found_by["retry_of"] = record.get("actor")
         out = {"retried": True, "crash": None, "failed": False}
-        crash = next((r.crash for r in runs if r.crash is not None), None)
-        if crash is not None:
-            self._record_crash(cases[0], crash, cases)
-            out["crash"] = crash.kind
-        else:
+        try:
+            crash = next((r.crash for r in runs if r.crash is not None), None)
+            if crash is not None:
+                self._record_crash(cases[0], crash, cases)
+                out["crash"] = crash.kind
+                return out
             for r in runs:
                 if not r.failed:
                     continue
-                conf = self._run([r.case], [self.spender.peek() * 0.1], 7_000_003 * (self.search_index + 2),
-                                 speculation=speculation, fresh=True)[0]
-                self.spender.next()
-                if conf.failed:
-                    self._store_failure(r, conf)
-                    out["failed"] = True
-                    break
-        self._save_state()
-        return out
+                if self._entry_for(r).signature in self.known:
+                    self._update_known(r)
+                    continue
+                conf = self._confirm_fresh(r.case, speculation, seed + 1)
+                if not conf.failed:
+                    continue
+                self._shrinking = True
+                self.on_event(f"failure ({_label(r)}) in a retried family; shrinking", self.stats)
+                run, conf = self._greedy_shrink(r, conf, speculation, seed + 2)
+                self._store_failure(run, conf)
+                out["failed"] = True
+                break
+            return out
+        finally:
+            self.corpus.found_by.pop("retry_of", None)
+            self._save_state()
+            self._shrinking = False
+
+    def _confirm_fresh(self, case: Case, speculation: bool, seed: int):
+        """Fresh samples at the campaign's confirmation level, on a freshly started engine."""
+        conf = self._run([case], [self.spender.peek() * CONFIRM_FACTOR], seed, speculation=speculation, fresh=True)[0]
+        self.spender.next()
+        return conf
+
+    def _greedy_shrink(self, run, conf, speculation: bool, seed: int):
+        """The smallest case that still fails with the same attribution (fuzz/shrink.py),
+        confirmed on a fresh engine; the unshrunk (run, conf) when no reduction confirms."""
+        from specfuzz.fuzz.shrink import entry_reproducer, shrink
+
+        entry = self._entry_for(run)
+        repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
+                                 alpha=self.spender.next(), seed=seed, dtype=self.cfg.dtype,
+                                 settings=dict(self.cfg.engine_settings) or None)
+        res = shrink(run.case, repro, budget_s=max(0.0, self._left()), speculation=speculation)
+        self.corpus.found_by["shrunk_by"] = {"greedy": res.steps, "tried": res.tried, "minimal": not res.budget_exhausted}
+        if not res.kept or res.last_run is None:
+            return run, conf
+        small = self._confirm_fresh(res.case, speculation, seed + 1)
+        if small.failed and _label(small) == _label(run):
+            return res.last_run, small
+        self.corpus.found_by["shrunk_by"]["kept"] = "unshrunk: the shrunk case did not confirm"
+        return run, conf
+
+
+def _label(run) -> str | None:
+    j = run.judgement
+    return None if j is None or j.attribution is None else j.attribution.label
 
 
 class EngineActor:

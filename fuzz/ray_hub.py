@@ -80,6 +80,10 @@ class CampaignHub:
         self.events_path = self.state_dir / "events.jsonl"
         self.schema = cmod.STATE_SCHEMA_VERSION
         state = self._load_state()
+        ray_state = state.get("ray") or {}
+        if ray_state.get("current"):
+            # The last run's driver was killed: its record so far joins the history.
+            state["ray"] = {"runs": list(ray_state.get("runs") or []) + [dict(ray_state["current"], interrupted=True)]}
         self.state = state  # kept whole: fields this hub does not own are written back as read
         self.searches = int(state.get("searches", 0))
         self.base_totals = json.loads(json.dumps(state.get("totals") or {}))
@@ -136,11 +140,16 @@ class CampaignHub:
         d.update({"schema_version": self.schema, "searches": self.searches, "totals": self.totals(),
                   "simplest_run": sorted(self.simplest)})
         d.update(self._alpha_state())
+        runs = list((d.get("ray") or {}).get("runs") or [])
         if ray_run is not None:
-            runs = list((d.get("ray") or {}).get("runs") or [])
             runs.append(ray_run)
             d["ray"] = {"runs": runs}
             self.state = d
+        else:
+            # The run so far (a driver killed now leaves it for the next run to show).
+            d["ray"] = {"runs": runs, "current": dict(self.run_info, actors={
+                k: {"host": a.get("host"), "node": a.get("node"), "families": (a.get("stats") or {}).get("cases", 0),
+                    "dead": a.get("dead")} for k, a in self.actors.items()})}
         atomic_write_json(self.state_path, d)
         self._saved = time.monotonic()
 
