@@ -60,6 +60,8 @@ POLL_S = 1.0
 DEVICE_SHARE = 0.8
 ENGINES_PER_ACTOR = 3
 MEMORY_SETTING = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
+# Seconds to wait for a Ray head's port to answer before refusing --ray ADDRESS.
+CONNECT_TIMEOUT_S = 5.0
 # Engines that need no GPU: their actors are CPU actors by default even on a GPU cluster.
 CPU_ENGINES = ("reference",)
 
@@ -103,11 +105,26 @@ def connect(address: str | None, *, num_cpus: int | None = None):
             kw["num_cpus"] = num_cpus
         ray.init(**kw)
     else:
+        if address != "auto":
+            _check_reachable(address)
         try:
             ray.init(address=address, **kw)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise InvalidInput("--ray", address, f"'auto' or the address of a running Ray cluster ({str(exc)[:200]})") from None
     return ray
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse at once an address where no Ray head answers (Ray itself retries for minutes)."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InvalidInput("--ray", address, "nothing (a local cluster), 'auto', or HOST:PORT of a running Ray head")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise InvalidInput("--ray", address, f"HOST:PORT of a running Ray head (nothing answers there: {exc})") from None
 
 
 def plan_engines(engine: str, opts: RayOptions, resources: dict) -> tuple[int, float, float]:
