@@ -310,13 +310,15 @@ class IsolatedEngine:
         the new target table are then checked (``check_tables``) before the call returns,
         and a refused swap or a failed check falls back to a fresh start (recorded in
         :attr:`events`). Anything else starts the engine afresh. ``fresh=True`` always
-        starts a new engine process (confirmations of a failure do).
+        starts the engine afresh, never reusing or swapping (confirmations of a failure
+        do): in its live process where the engine restarts in-process
+        (``Capabilities.restart_in_process``), else in a new process.
         """
-        if fresh:
+        if fresh and self._proc is not None and not getattr(self.capabilities(), "restart_in_process", True):
             self.close()
-        if self._proc is not None and self._config == config:
+        if self._proc is not None and self._config == config and not fresh:
             return
-        if self._proc is not None and self._config is not None and self._swap(config):
+        if not fresh and self._proc is not None and self._config is not None and self._swap(config):
             return
         # A live engine process is asked to start again on the new config (engines
         # release their previous model in start()), unless the engine says it cannot

@@ -241,6 +241,7 @@ class Campaign:
         self.engine = IsolatedEngine(config.engine, config.engine_kwargs, log_dir=Path(config.work_dir) / "logs",
                                      swap=config.swap)
         self._spec_off_engine: IsolatedEngine | None = None
+        self._fresh_engine: IsolatedEngine | None = None
         self.deadline = time.monotonic() + config.budget_s
         state = self._load_state()
         self.spender = AlphaSpender.from_json(state["spender"]) if state else AlphaSpender(config.alpha)
@@ -393,7 +394,12 @@ class Campaign:
         """Run a family. ``fresh``: on a newly started engine process of its own (closed
         afterwards), never a swapped one: what confirmations of a failure use."""
         if fresh:
-            eng = self._new_engine()
+            # One engine for fresh starts, kept between them where the engine restarts
+            # in-process (cheap); closed after use where a fresh start is a new process
+            # (GPU engines: no idle engine holds device memory).
+            if self._fresh_engine is None:
+                self._fresh_engine = self._new_engine()
+            eng = self._fresh_engine
         else:
             eng = engine or self.engine
         before, swaps, falls = eng.starts, eng.swaps, eng.swap_fallbacks
@@ -404,7 +410,7 @@ class Campaign:
                 profile=self._profile, dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings), fresh=fresh,
             )
         finally:
-            if fresh:
+            if fresh and not getattr(self.engine.capabilities(), "restart_in_process", True):
                 eng.close()
         self.stats.engine_starts += eng.starts - before
         self.stats.swaps += eng.swaps - swaps
@@ -622,6 +628,7 @@ class Campaign:
         except (BudgetExhausted, SearchSliceOver):
             pass
         if crash_best:
+            self._extend_watchdog()  # storing a found crash may overrun the budget a little
             fam, crash = crash_best[-1]
             one = self._crashing_pattern(fam, crash, next_seed(), speculation) if len(fam) > 1 else None
             if one is not None:
@@ -702,12 +709,18 @@ class Campaign:
         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
         return True
 
+    def _extend_watchdog(self, grace_s: float = 120.0) -> None:
+        """Give the watchdog room for storing what a search found (a calibration run, a
+        crash's single-pattern check) past the budget."""
+        if getattr(self, "_armed", False):
+            signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + grace_s)
+
     def _disarm_watchdog(self) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, self._old_handler)
 
     def run(self) -> CampaignStats:
-        armed = self._arm_watchdog()
+        armed = self._armed = self._arm_watchdog()
         try:
             while self._left() > 0:
                 self.search_index += 1

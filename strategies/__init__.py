@@ -111,20 +111,33 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
         vals = [v for v in values if allowed is None or v in allowed]
         return draw(st.sampled_from(vals or list(allowed)))
 
+    def ints(draw, name: str, lo: int, hi: int, method: str) -> int:
+        # An engine that states the values it accepts (e.g. SGLang's trees up to its default
+        # sizes) gets them drawn, smallest first; otherwise lo..hi.
+        allowed = knobs.get(f"{method}.{name}", knobs.get(name))
+        if allowed is None:
+            return draw(st.integers(lo, hi))
+        vals = sorted(v for v in allowed if v is not None and v >= lo)
+        return draw(st.sampled_from(vals)) if vals else lo
+
     @st.composite
     def _spec(draw) -> SpecConfig:
         method = draw(st.sampled_from(methods))
-        kw: dict = {"method": method, "num_speculative_tokens": draw(st.integers(1, max_k)), "inject": inject}
+        kw: dict = {"method": method, "num_speculative_tokens": ints(draw, "num_speculative_tokens", 1, max_k, method),
+                    "inject": inject}
         if method in CHAIN_METHODS:
             kw["verify"] = pick(draw, "verify", ["token", "block"], method)
         if method in CHAIN_DRAFT_METHODS + ("eagle_tree",):
             kw["draft_sampling"] = pick(draw, "draft_sampling", ["sampled", "greedy"], method)
         if method in ("ngram", "ngram_tree"):
             lo = pick(draw, "ngram_min", [1, 2])
-            kw["ngram_min"], kw["ngram_max"] = lo, draw(st.integers(lo, 3))
+            kw["ngram_min"], kw["ngram_max"] = lo, ints(draw, "ngram_max", lo, 3, method)
         if method in ("eagle_tree", "ngram_tree"):
-            kw["tree_topk"] = draw(st.integers(1, 3))
-            kw["tree_budget"] = draw(st.integers(1, 6))
+            kw["tree_topk"] = ints(draw, "tree_topk", 1, 3, method)
+            kw["tree_budget"] = ints(draw, "tree_budget", 1, 6, method)
+            mins = knobs.get(f"{method}.tree_topk_min", knobs.get("tree_topk_min"))
+            if mins is not None and "tree_topk_min" in SpecConfig.__dataclass_fields__:
+                kw["tree_topk_min"] = draw(st.sampled_from([m for m in mins if m is None or m <= kw["tree_topk"]]))
         return SpecConfig(**kw)
 
     return _spec()
@@ -215,11 +228,17 @@ def start_shapes(
     Vs = [v for v in widths if lo_v <= v <= max_vocab] or ([max_vocab] if lo_v <= max_vocab else [])
     if not Vs:
         raise InvalidArgument(f"max_vocab={max_vocab}: methods {methods} need a vocabulary of at least {lo_v}")
+    if engine_default and speculation:
+        # A default tree drafts its top-k tokens: the vocabulary (and the draft's width) must
+        # hold that many (SGLang's EAGLE default: top-4).
+        need = {m: max(floors.get(m, 2), int((spec_defaults or {}).get(m, {}).get("tree_topk") or 1)) for m in methods}
+        Vs = [v for v in Vs if any(v >= n for n in need.values())] or Vs
+        floors = {**floors, **need}
     V = draw(st.sampled_from(Vs))
     eos = draw(st.none() | st.integers(0, V - 1))
     if not speculation:
         return StartShape(V, eos, None)
-    fit = tuple(m for m in methods if floors.get(m, 2) <= V)
+    fit = tuple(m for m in methods if floors.get(m, 2) <= V) or methods
     if engine_default:
         method = draw(st.sampled_from(fit))
         kw = dict((spec_defaults or {}).get(method) or {})
@@ -232,6 +251,8 @@ def start_shapes(
     width = d2t = None
     if spec.uses_draft_model:
         width = _draft_width(draw, V, spec, "narrower" if spec.method in ("eagle", "eagle3") else draft_vocab)
+        if spec.engine_default and spec.method in ("eagle", "eagle3", "eagle_tree"):
+            width = max(width, min(V, int(spec.tree_topk)))  # the default tree's top-k
         if spec.method == "eagle3" and width < V:
             d2t = draw(reduced_vocab_maps(V, width))
     return StartShape(V, eos, spec, width, d2t)
