@@ -185,10 +185,14 @@ def _fuzz_on_ray(cfg, address: str, engines, gpus_per_engine, cpus_per_engine, d
         outcome = run_ray_campaign(cfg, opts)
     if isinstance(outcome.fatal, SpecfuzzError):
         raise outcome.fatal
+    if outcome.fatal is not None and not isinstance(outcome.fatal, KeyboardInterrupt):
+        console.print(f"[red]error:[/red] an engine actor's searches failed: {str(outcome.fatal)[-2000:]}")
     print_summary(console, cfg, outcome.stats, Corpus(cfg.corpus_dir), outcome.totals)
     print_ray_summary(console, outcome)
     if isinstance(outcome.fatal, KeyboardInterrupt):
         sys.exit(130)
+    if outcome.fatal is not None:
+        sys.exit(1)
 
 
 # Each campaign process runs up to this many engines at once (searching, speculation-off

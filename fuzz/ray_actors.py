@@ -29,6 +29,7 @@ import os
 import socket
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from specfuzz.case import Case
@@ -291,23 +292,45 @@ class EngineActor:
         self.info = {"rank": rank, "incarnation": incarnation, "host": socket.gethostname(), "pid": os.getpid(),
                      "node": ctx.get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
                      "specfuzz": _specfuzz_version()}
-        work = _work_dir(Path(config["work_dir"]), run_id, self.key)
-        cfg = CampaignConfig(**dict(config, corpus_dir=work / "scratch", work_dir=work, worker=0))
-        self.campaign = ActorCampaign(cfg, hub, store, self.key, self.info)
+        self.broken: str | None = None
+        try:
+            work = _work_dir(Path(config["work_dir"]), run_id, self.key)
+            cfg = CampaignConfig(**dict(config, corpus_dir=work / "scratch", work_dir=work, worker=0))
+            self.campaign = ActorCampaign(cfg, hub, store, self.key, self.info)
+            _preflight(self.campaign)
+        except Exception as exc:  # noqa: BLE001 - reported by every call, so the driver stops the campaign
+            self.broken = f"engine actor {self.key} on {self.info['host']} cannot run a campaign: " \
+                          f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
         ray.get(hub.register.remote(self.key, self.info))
 
     def describe(self) -> dict:
         return dict(self.info, key=self.key)
 
     def search(self, index: int, left_s: float) -> dict:
+        if self.broken:
+            raise RuntimeError(self.broken)
         return dict(self.campaign.search(index, left_s), actor=self.key)
 
     def retry(self, record: dict, left_s: float) -> dict:
+        if self.broken:
+            raise RuntimeError(self.broken)
         return dict(self.campaign.retry(record, left_s), actor=self.key)
 
     def close(self) -> None:
-        for e in self.campaign._engines:
+        for e in getattr(getattr(self, "campaign", None), "_engines", ()):
             e.close()
+
+
+def _preflight(campaign: ActorCampaign) -> None:
+    """What every search needs on this node, tried once: the engine answers (its
+    capabilities) and a table model's checkpoints can be written (tablegen's imports)."""
+    import numpy as np
+
+    from specfuzz.engines.checkpoints import materialize
+
+    campaign.engine.capabilities()
+    materialize(Case(target_table=np.zeros((2, 2), dtype=np.float32), prompt=(0,)),
+                Path(campaign.cfg.work_dir) / "checkpoints", campaign.cfg.dtype)
 
 
 def _specfuzz_version() -> str:

@@ -50,6 +50,9 @@ FAMILY_RETRIES = 1
 # Replacement actors per actor slot (an actor that keeps dying, e.g. one that cannot
 # start on its node, is not replaced forever).
 MAX_REPLACEMENTS = 3
+# An actor whose searches raise this many times in a row stops the campaign (an error that
+# is not the engine's: the engine's crashes are findings and never reach the driver).
+MAX_SEARCH_ERRORS = 3
 # After the budget, actors may still be storing a failure (calibration, the write): they
 # are given this long before they are killed.
 STOP_GRACE_S = 120.0
@@ -96,13 +99,16 @@ def import_ray():
     return ray
 
 
-def connect(address: str | None, *, num_cpus: int | None = None):
-    """Join the cluster at ``address`` or start a local one; returns the ray module."""
+def connect(address: str | None, *, num_cpus: int | None = None, num_gpus: int | None = None):
+    """Join the cluster at ``address`` or start a local one (``num_cpus``/``num_gpus``:
+    its resources, where Ray's own detection is not wanted); returns the ray module."""
     ray = import_ray()
     kw = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False, configure_logging=True)
     if address in (None, "", "local"):
         if num_cpus is not None:
             kw["num_cpus"] = num_cpus
+        if num_gpus is not None:
+            kw["num_gpus"] = num_gpus
         ray.init(**kw)
     else:
         if address != "auto":
@@ -218,12 +224,17 @@ class _Slots:
 
 def run_ray_campaign(cfg: CampaignConfig, opts: RayOptions,
                      on_event: Callable[[str, CampaignStats], None] | None = None) -> RayOutcome:
-    """Run ``cfg``'s campaign on Ray (see the module docstring)."""
-    ray = connect(opts.address)
+    """Run ``cfg``'s campaign on Ray (see the module docstring). A process already
+    connected to Ray (a benchmark running several campaigns) keeps its connection."""
+    ray = import_ray()
+    connected = ray.is_initialized()
+    if not connected:
+        connect(opts.address)
     try:
         return _run(ray, cfg, opts, on_event or (lambda m, s: None))
     finally:
-        ray.shutdown()
+        if not connected:
+            ray.shutdown()
 
 
 def _pinned(ray, node_id: str) -> dict:
@@ -263,6 +274,7 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
     results: list[dict] = []
     fatal: BaseException | None = None
     deaths = 0
+    errors: dict[str, int] = {}  # searches in a row that raised, per actor
     stopping = False
     hard_end = None
     seen_msgs = 0.0
@@ -322,11 +334,16 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
                     continue
                 except RayTaskError as exc:
                     cause = getattr(exc, "cause", None)
-                    if isinstance(cause, InvalidInput):
-                        fatal = cause
+                    errors[key] = errors.get(key, 0) + 1
+                    ray.get(hub.note.remote(f"{kind} {payload if kind == 'search' else ''} on {key} raised: {str(exc)[-300:]}"))
+                    if isinstance(cause, InvalidInput) or errors[key] >= MAX_SEARCH_ERRORS:
+                        # Bad input, or a search that fails the same way again and again (a
+                        # missing module, a bug): the campaign stops and says why.
+                        fatal = cause if isinstance(cause, InvalidInput) else exc
                         stopping, hard_end = True, time.monotonic()
                         continue
-                    ray.get(hub.note.remote(f"search {payload} on {key} raised: {str(exc)[-300:]}"))
+                else:
+                    errors[key] = 0
                 if not stopping and time.monotonic() < end:
                     submit(key)
     except KeyboardInterrupt:
@@ -350,6 +367,8 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
     except Exception:  # noqa: BLE001
         snap["store_ops"] = {}
     slots.kill_all()
+    for h in (hub, store):
+        ray.kill(h, no_restart=True)
     _show(ray, None, seen_msgs, t0, on_event, snap)
     return RayOutcome(stats_from(snap, t0), snap["totals"], snap, run, fatal, results)
 
