@@ -29,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RAY = Path(sys.executable).parent / "ray"
 NODE_ARGS = ["--num-cpus=1", "--num-gpus=0", "--memory=1500000000", "--object-store-memory=80000000",
              "--disable-usage-stats", "--block"]
-ENV = {**os.environ, "RAY_memory_monitor_refresh_ms": "0", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+# Token authentication off: a token file left in ~/.ray by another Ray session would otherwise
+# switch it on for the test cluster and not for its clients.
+ENV = {**os.environ, "RAY_memory_monitor_refresh_ms": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+       "PYTHONUNBUFFERED": "1"}
 
 
 def _free_port() -> int:
