@@ -114,12 +114,15 @@ def print_ray_summary(console: Console, outcome) -> None:
     run = outcome.run
     t = Table(title=f"ray: {run['engines']} engine actors ({run['gpus_per_engine']:g} GPU each) on {run['hosts']} host(s) ({run.get('nodes', run['hosts'])} Ray nodes), "
                     f"{run['wall_s']:.0f} s, {run['actor_deaths']} actor deaths")
-    for col in ("actor", "host", "GPU", "searches", "families", "samples", "starts", "swaps", "fam/min", "status"):
-        t.add_column(col, justify="right" if col not in ("actor", "host", "status") else "left")
+    for col in ("actor", "host", "GPU", "srch", "fam", "samples", "starts", "swaps", "f/min", ""):
+        t.add_column(col, justify="right" if col not in ("actor", "host", "") else "left")
     for r in rows["actors"]:
         t.add_row(r["actor"], str(r["host"]), r["gpus"], str(r["searches"]), str(r["families"]), f"{r['samples']:,}",
-                  str(r["starts"]), str(r["swaps"]), f"{r['fpm']:.1f}", r["status"])
+                  str(r["starts"]), str(r["swaps"]), f"{r['fpm']:.1f}", "died" if r["status"] != "ok" else "")
     console.print(t)
+    for r in rows["actors"]:
+        if r["status"] != "ok":
+            console.print(f"actor {r['actor']} {r['status']}")
     h = Table(title="ray: per host (families per minute of campaign time)")
     for col in ("host", "actors", "families", "samples", "fam/min"):
         h.add_column(col, justify="left" if col == "host" else "right")

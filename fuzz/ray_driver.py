@@ -63,6 +63,9 @@ POLL_S = 1.0
 DEVICE_SHARE = 0.8
 ENGINES_PER_ACTOR = 3
 MEMORY_SETTING = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
+# Object store of a local cluster: what crosses the wire is small (JSON, totals), so a
+# small store, whatever the machine's /dev/shm.
+LOCAL_OBJECT_STORE_BYTES = 200 * 1024 * 1024
 # Seconds to wait for a Ray head's port to answer before refusing --ray ADDRESS.
 CONNECT_TIMEOUT_S = 5.0
 # Engines that need no GPU: their actors are CPU actors by default even on a GPU cluster.
@@ -109,7 +112,8 @@ def connect(address: str | None, *, num_cpus: int | None = None, num_gpus: int |
             kw["num_cpus"] = num_cpus
         if num_gpus is not None:
             kw["num_gpus"] = num_gpus
-        ray.init(**kw)
+        # "local": a new cluster of this machine, even where `ray start` runs one here.
+        ray.init(address="local", object_store_memory=LOCAL_OBJECT_STORE_BYTES, **kw)
     else:
         if address != "auto":
             _check_reachable(address)
@@ -416,7 +420,7 @@ def summary_rows(snapshot: dict, run: dict) -> dict:
                "families": fam, "samples": int(st.get("samples", 0)), "starts": int(eng.get("starts", 0)),
                "swaps": int(eng.get("swaps", 0)), "searches": int(st.get("searches", 0)),
                "seconds": round(float((a.get("totals") or {}).get("seconds", 0.0)), 1),
-               "status": ("died: " + a["dead"][:60]) if a.get("dead") else "ok"}
+               "status": ("died: " + a["dead"][:200]) if a.get("dead") else "ok"}
         row["fpm"] = round(60 * fam / row["seconds"], 2) if row["seconds"] > 0 else 0.0
         actors.append(row)
         h = hosts.setdefault(where(a), {"host": where(a), "actors": 0, "families": 0, "samples": 0})
