@@ -122,22 +122,26 @@ class CampaignHub:
     def _alpha_state(self) -> dict:
         return {"spender": json.loads(self.spender.to_json())}
 
-    def totals(self) -> dict:
-        """Campaign totals: every earlier run's plus every actor's of this run."""
+    def totals(self, shown: bool = True) -> dict:
+        """Campaign totals: every earlier run's plus every actor's of this run. ``shown``:
+        with this run's engine actors as ``workers`` (for the summary's rates; not stored,
+        so that a later run without Ray reads the totals as its own)."""
         out = json.loads(json.dumps(self.base_totals))
         out.setdefault("seconds", 0.0)
         out.setdefault("methods", {})
+        out.pop("workers", None)
         for a in self.actors.values():
             add_totals(out, a.get("totals") or {})
         out["runs"] = int(self.base_totals.get("runs", 0)) + 1
-        out["workers"] = max(1, int(self.run_info.get("engines", 1)))
+        if shown:
+            out["workers"] = max(1, int(self.run_info.get("engines", 1)))
         return out
 
     def save(self, ray_run: dict | None = None) -> None:
         """Write the campaign state (atomically); ``ray_run``: this run's record for the
         state's history of Ray runs (the summary's one-actor baseline comes from it)."""
         d = dict(self.state)
-        d.update({"schema_version": self.schema, "searches": self.searches, "totals": self.totals(),
+        d.update({"schema_version": self.schema, "searches": self.searches, "totals": self.totals(shown=False),
                   "simplest_run": sorted(self.simplest)})
         d.update(self._alpha_state())
         runs = list((d.get("ray") or {}).get("runs") or [])
