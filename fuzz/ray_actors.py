@@ -104,6 +104,19 @@ class HubSpender:
         return a
 
 
+class HubLedger:
+    """The campaign's confirmation ledger (fuzz/ledger.py), kept by the hub."""
+
+    def __init__(self, hub) -> None:
+        self.hub = hub
+
+    def spend(self) -> tuple[int, float]:
+        return tuple(_get(self.hub.spend.remote()))  # type: ignore[return-value]
+
+    def read(self):
+        return _get(self.hub.budget.remote())
+
+
 class ActorCampaign(Campaign):
     """A campaign whose stores, α, shared sets, state and database live on the driver."""
 
@@ -116,7 +129,11 @@ class ActorCampaign(Campaign):
         self.known = HubSet(hub, "known")
         self.known_crashes = HubSet(hub, "known_crashes")
         self.simplest_run = HubSet(hub, "simplest")
-        self.spender = HubSpender(hub)
+        if hasattr(self, "ledger"):  # two-stage α budget: confirmations spend from the driver's ledger
+            self.ledger = HubLedger(hub)
+            self.seen_again = HubSet(hub, "seen_again")
+        else:  # per-family α: every level taken from the driver's sequence
+            self.spender = HubSpender(hub)
         self.on_event = self._message
         self._messages: list[str] = []
         self._events_at = 0
@@ -191,8 +208,7 @@ class ActorCampaign(Campaign):
         try:
             found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + index, shape_key)
             if found is not None:
-                _, run, conf = found
-                self._store_failure(run, conf)
+                self._store_failure(*found[1:])  # (run, confirmation[, confirmation index])
         except BudgetExhausted:
             pass
         finally:
@@ -215,9 +231,7 @@ class ActorCampaign(Campaign):
         if self._profile is None:
             self._profile = self.engine.capabilities().profile
         seed = RETRY_SEED * (self.search_index + 1)
-        runs = self._run(cases, [self.spender.peek()] * len(cases), seed, speculation=speculation, fresh=True)
-        for _ in cases:
-            self.spender.next()
+        runs = self._run(cases, [self._screen_alpha()] * len(cases), seed, speculation=speculation, fresh=True)
         self.stats.cases += 1
         self.stats.patterns += len(cases)
         self._count(cases, runs, speculation)
@@ -233,15 +247,14 @@ class ActorCampaign(Campaign):
                 if not r.failed:
                     continue
                 if self._entry_for(r).signature in self.known:
-                    self._update_known(r)
-                    continue
-                conf = self._confirm_fresh(r.case, speculation, seed + 1)
-                if not conf.failed:
+                    continue  # a known bug: the searches mark it seen again
+                conf = self._confirm_fresh(r, speculation, seed + 1)
+                if not conf[0].failed:
                     continue
                 self._shrinking = True
                 self.on_event(f"failure ({_label(r)}) in a retried family; shrinking", self.stats)
                 run, conf = self._greedy_shrink(r, conf, speculation, seed + 2)
-                self._store_failure(run, conf)
+                self._store_failure(run, *conf)
                 out["failed"] = True
                 break
             return out
@@ -250,27 +263,39 @@ class ActorCampaign(Campaign):
             self._save_state()
             self._shrinking = False
 
-    def _confirm_fresh(self, case: Case, speculation: bool, seed: int):
-        """Fresh samples at the campaign's confirmation level, on a freshly started engine."""
-        conf = self._run([case], [self.spender.peek() * CONFIRM_FACTOR], seed, speculation=speculation, fresh=True)[0]
-        self.spender.next()
-        return conf
+    def _screen_alpha(self) -> float:
+        """A family's test level: the fixed screening level (two-stage budget), else the
+        next level of the per-family sequence."""
+        if hasattr(self.cfg, "screen_alpha"):
+            return self.cfg.screen_alpha
+        return self.spender.next()
 
-    def _greedy_shrink(self, run, conf, speculation: bool, seed: int):
-        """The smallest case that still fails with the same attribution (fuzz/shrink.py),
-        confirmed on a fresh engine; the unshrunk (run, conf) when no reduction confirms."""
+    def _confirm_fresh(self, run, speculation: bool, seed: int) -> tuple:
+        """``run``'s pattern on fresh samples, on a freshly started engine, at the
+        campaign's confirmation level: (confirmation,) or (confirmation, j) where
+        confirmations spend from the ledger (Campaign._confirm)."""
+        if hasattr(self, "_confirm"):
+            return tuple(self._confirm(run, speculation))
+        conf = self._run([run.case], [self.spender.peek() * CONFIRM_FACTOR], seed, speculation=speculation, fresh=True)[0]
+        self.spender.next()
+        return (conf,)
+
+    def _greedy_shrink(self, run, conf: tuple, speculation: bool, seed: int):
+        """The smallest case that still fails with the same attribution (fuzz/shrink.py; its
+        candidates only choose, they store nothing), confirmed on a fresh engine; the
+        unshrunk (run, conf) when no reduction confirms."""
         from specfuzz.fuzz.shrink import entry_reproducer, shrink
 
         entry = self._entry_for(run)
         repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
-                                 alpha=self.spender.next(), seed=seed, dtype=self.cfg.dtype,
+                                 alpha=self._screen_alpha(), seed=seed, dtype=self.cfg.dtype,
                                  settings=dict(self.cfg.engine_settings) or None)
         res = shrink(run.case, repro, budget_s=max(0.0, self._left()), speculation=speculation)
         self.corpus.found_by["shrunk_by"] = {"greedy": res.steps, "tried": res.tried, "minimal": not res.budget_exhausted}
         if not res.kept or res.last_run is None:
             return run, conf
-        small = self._confirm_fresh(res.case, speculation, seed + 1)
-        if small.failed and _label(small) == _label(run):
+        small = self._confirm_fresh(res.last_run, speculation, seed + 1)
+        if small[0].failed and _label(small[0]) == _label(run):
             return res.last_run, small
         self.corpus.found_by["shrunk_by"]["kept"] = "unshrunk: the shrunk case did not confirm"
         return run, conf

@@ -39,10 +39,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 from specfuzz.errors import InvalidInput
-from specfuzz.fuzz.campaign import CampaignConfig, CampaignStats
+from specfuzz.fuzz.campaign import Campaign, CampaignConfig, CampaignStats
 
 # A family during which an actor died runs again on another actor this many times; if an
 # actor dies on it then too, it is stored as a crash entry.
@@ -190,6 +191,8 @@ def stats_from(snapshot: dict, started: float) -> CampaignStats:
             if hasattr(s, k) and isinstance(v, (int, float)):
                 setattr(s, k, getattr(s, k) + v)
     s.stored = list(snapshot["stored"])
+    if hasattr(s, "budget"):
+        s.budget = snapshot.get("budget")
     s.crashes += int(snapshot.get("crash_records", 0))
     return s
 
@@ -255,6 +258,9 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
     from specfuzz.fuzz.ray_hub import CampaignHub
 
     n, g, c = plan_engines(cfg.engine, opts, ray.cluster_resources())
+    # The campaign state as a campaign without Ray reads it: a state this specfuzz cannot
+    # read is refused here, in one line, before anything starts.
+    Campaign._load_state(SimpleNamespace(state_path=Path(cfg.corpus_dir) / ".specfuzz" / "state.json"))
     settings = dict(cfg.engine_settings)
     settings.update(gpu_share(cfg.engine, g, settings))
     cfg = CampaignConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "engine_settings": settings})

@@ -88,6 +88,7 @@ class CampaignHub:
         self.searches = int(state.get("searches", 0))
         self.base_totals = json.loads(json.dumps(state.get("totals") or {}))
         self.simplest = set(state.get("simplest_run") or [])
+        self.seen_again: set[str] = set()  # known signatures confirmed again in this run
         self.known = set()
         self.known_crashes = set()
         for _, e in self.corpus.entries():
@@ -108,19 +109,27 @@ class CampaignHub:
     # -- state ------------------------------------------------------------------------
 
     def _load_state(self) -> dict:
-        try:
-            d = json.loads(self.state_path.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-            return {}
-        return d if isinstance(d, dict) and d.get("schema_version") == self.schema else {}
+        """The campaign state as a campaign without Ray reads it (its schema checks and
+        migrations: ``Campaign._load_state``), or {} for none."""
+        from specfuzz.fuzz.campaign import Campaign
+
+        return dict(Campaign._load_state(self) or {})  # type: ignore[arg-type]  # needs only .state_path
 
     def _open_alpha(self, alpha: float, state: dict) -> None:
-        from specfuzz.oracle.stats import AlphaSpender
+        """The campaign's α: the shared confirmation ledger where this specfuzz has one
+        (two-stage budget, fuzz/ledger.py), else the per-family spender kept in the state."""
+        try:
+            from specfuzz.fuzz.ledger import AlphaLedger
+        except ImportError:
+            from specfuzz.oracle.stats import AlphaSpender
 
-        self.spender = AlphaSpender.from_json(state["spender"]) if state.get("spender") else AlphaSpender(alpha)
+            self.ledger = None
+            self.spender = AlphaSpender.from_json(state["spender"]) if state.get("spender") else AlphaSpender(alpha)
+        else:
+            self.ledger, self.spender = AlphaLedger(self.state_dir, alpha), None
 
     def _alpha_state(self) -> dict:
-        return {"spender": json.loads(self.spender.to_json())}
+        return {} if self.spender is None else {"spender": json.loads(self.spender.to_json())}
 
     def totals(self, shown: bool = True) -> dict:
         """Campaign totals: every earlier run's plus every actor's of this run. ``shown``:
@@ -181,16 +190,26 @@ class CampaignHub:
         return sorted(self._set(which))
 
     def _set(self, which: str) -> set:
-        return {"known": self.known, "known_crashes": self.known_crashes, "simplest": self.simplest}[which]
+        return {"known": self.known, "known_crashes": self.known_crashes, "simplest": self.simplest,
+                "seen_again": self.seen_again}[which]
 
     # -- α ----------------------------------------------------------------------------
 
     def take_alpha(self) -> float:
-        """The next level of the campaign's α sequence, taken (no other actor gets it)."""
+        """The next level of the per-family α sequence, taken (no other actor gets it)."""
         a = self.spender.next()
         if time.monotonic() - self._saved > STATE_SAVE_EVERY_S:
             self.save()
         return a
+
+    def spend(self) -> tuple[int, float]:
+        """The campaign's next confirmation (j, α_j), written to the ledger before it
+        returns: no two actors ever confirm at the same j."""
+        return self.ledger.spend()
+
+    def budget(self):
+        """The confirmation budget now (None for a per-family spender)."""
+        return None if self.ledger is None else self.ledger.read()
 
     # -- searches and actors ----------------------------------------------------------
 
@@ -269,6 +288,7 @@ class CampaignHub:
             "totals": self.totals(),
             "crash_records": self.crash_records,
             "history": list((self.state.get("ray") or {}).get("runs") or []),
+            "budget": self.budget(),
         }
 
     def finish(self, ray_run: dict) -> dict:
