@@ -33,8 +33,9 @@ import traceback
 from pathlib import Path
 
 from specfuzz.case import Case
+from specfuzz.fuzz import campaign as _campaign
 from specfuzz.fuzz.campaign import (
-    CONFIRM_FACTOR, BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver,
+    BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver,
 )
 from specfuzz.fuzz.corpus import Entry
 
@@ -276,7 +277,8 @@ class ActorCampaign(Campaign):
         confirmations spend from the ledger (Campaign._confirm)."""
         if hasattr(self, "_confirm"):
             return tuple(self._confirm(run, speculation))
-        conf = self._run([run.case], [self.spender.peek() * CONFIRM_FACTOR], seed, speculation=speculation, fresh=True)[0]
+        factor = getattr(_campaign, "CONFIRM_FACTOR", 0.1)  # the per-family scheme's stricter level
+        conf = self._run([run.case], [self.spender.peek() * factor], seed, speculation=speculation, fresh=True)[0]
         self.spender.next()
         return (conf,)
 
