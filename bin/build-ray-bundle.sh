@@ -26,7 +26,7 @@ rm -rf "$W/site/bin" "$W/site/ray/jars" "$W/site/ray/dashboard/client/build" "$W
 find "$W/site" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$W/site"
 mkdir -p "$SHIP"; rm -f "$SHIP"/*
-(cd "$W/site" && tar -cf - . | xz -T0 -6 > "$SHIP/ray.tar.xz")
+(cd "$W/site" && tar -cf - . | xz -T0 -9 > "$SHIP/ray.tar.xz")
 [ "$(stat -c %s "$SHIP/ray.tar.xz")" -le $((60*1024*1024)) ] || { echo "part too big: $SHIP/ray.tar.xz"; exit 1; }
 ls -la "$SHIP"
 echo "bundle ready: $SHIP/ray.tar.xz ($RAY)"

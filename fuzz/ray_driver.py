@@ -359,6 +359,17 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
     except KeyboardInterrupt:
         fatal = KeyboardInterrupt()
     wall = time.monotonic() - t0
+    # Engines down first, so that the record below is final: idle actors close their
+    # engines; busy ones (an interrupted campaign) are killed, and their engine processes
+    # follow them (they watch their parent).
+    busy = {key for key, _, _ in pending.values()}
+    for key in busy:
+        ray.kill(slots.handles[key], no_restart=True)
+        slots.dead.add(key)
+    try:
+        ray.get([h.close.remote() for k, h in slots.handles.items() if k not in slots.dead], timeout=30)
+    except Exception:  # noqa: BLE001 - a dead actor's engines die with it
+        pass
     snap = ray.get(hub.snapshot.remote())
     families = sum(int((a.get("stats") or {}).get("cases", 0)) for a in snap["actors"].values())
     run = {"time": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(), "engine": engine_name,
@@ -366,11 +377,9 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
            "nodes": len({a.get("node") for a in snap["actors"].values()}),
            "wall_s": round(wall, 1), "families": families, "fpm": round(60 * families / wall, 2) if wall > 0 else 0.0,
            "actor_deaths": deaths, "searches": len([r for r in results if "index" in r])}
+    if fatal is not None:
+        run["interrupted"] = True
     run["actors"] = summary_rows(snap, run)["actors"]
-    try:
-        ray.get([h.close.remote() for k, h in slots.handles.items() if k not in slots.dead], timeout=30)
-    except Exception:  # noqa: BLE001 - a dead actor's engines die with it
-        pass
     snap = ray.get(hub.finish.remote(run))
     try:
         snap["store_ops"] = ray.get(store.counts.remote(), timeout=10)
