@@ -13,13 +13,16 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from specfuzz.errors import SpecfuzzError
+from specfuzz.cli_input import (
+    ALPHA, COUNT, DURATION, ENGINE, MAX_TOKENS, MAX_VOCAB, SEED, TOLERANCE, WRITABLE_DIR, Duration, Number, OneLineErrors,
+    bug_choice, check_writable_file, dtype_choice, method_choice, parse_duration, read_case_file, read_entry_file,
+)
 
 console = Console()
 
 
-class _DefaultToFuzz(click.Group):
-    """``specfuzz --budget 2h`` means ``specfuzz fuzz --budget 2h``."""
+class _DefaultToFuzz(OneLineErrors):
+    """``specfuzz --budget 2h`` means ``specfuzz fuzz --budget 2h``; errors are one line (cli_input)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help", "--version")):
@@ -33,20 +36,17 @@ def main() -> None:
     """Prove or refute that an engine's speculative decoding samples exactly from the target law.
 
     Without a command, runs a fuzz campaign (`specfuzz --budget 2h` = `specfuzz fuzz --budget 2h`).
+    A bad value on any command gets one line naming it and what is allowed, and exit status 2;
+    nothing in the corpus or its campaign state is changed.
     """
 
 
 def parse_budget(text: str) -> float:
-    """'90s', '10m', '2h', '1h30m' or plain seconds -> seconds."""
-    import re
-
-    t = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
-    if not parts or "".join(n + u for n, u in parts) != t:
-        raise click.BadParameter(f"{text!r}: a duration like 90s, 10m, 2h or 1h30m", param_hint="--budget")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    """'90s', '10m', '2h', '1h30m' or plain seconds -> seconds (click.BadParameter otherwise)."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: {Duration.ALLOWED}", param_hint="--budget") from None
 
 
 def parse_settings(items: tuple[str, ...]) -> dict:
@@ -54,65 +54,79 @@ def parse_settings(items: tuple[str, ...]) -> dict:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r}: KEY=VALUE", param_hint="--engine-setting")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: KEY=VALUE (VALUE parsed as JSON when it can be)", param_hint="--engine-setting")
         try:
             out[key] = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             out[key] = value
     return out
 
 
+def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> None:
+    """Refuse methods the engine does not run, and a --max-vocab below every requested method's floor."""
+    if methods is None or methods == ():
+        return
+    unsupported = [m for m in methods if m not in caps.methods]
+    if unsupported:
+        raise click.BadParameter(f"{unsupported[0]!r}: one of {', '.join(caps.methods)} on this engine, or none",
+                                 param_hint="--method")
+    floors = dict(getattr(caps, "min_vocab", {}) or {})
+    if all(floors.get(m, 2) > max_vocab for m in methods):
+        need = min(floors.get(m, 2) for m in methods)
+        raise click.BadParameter(f"{max_vocab}: >= {need} for methods {', '.join(methods)} on this engine "
+                                 f"(its smallest vocabulary per method: {floors})", param_hint="--max-vocab")
+
+
 @main.command("fuzz")
-@click.option("--budget", default="60s", show_default=True, help="Time budget: 90s, 10m, 2h, 1h30m.")
-@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, sglang, or package.module:Class.")
-@click.option("--inject", default=None, help="Reference engine only: inject a catalogued bug (N1..N7).")
-@click.option("--method", "methods", multiple=True,
+@click.option("--budget", default="60s", show_default=True, type=DURATION, help="Time budget: 90s, 10m, 2h, 1h30m.")
+@click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, or package.module:Class.")
+@click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7).")
+@click.option("--method", "methods", multiple=True, type=method_choice(),
               help="Speculation methods to fuzz (repeatable); 'none' = speculation off (a calibration campaign). Default: all the engine supports.")
-@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--seed", default=0, show_default=True, help="Deterministic with the same seed (and engine).")
-@click.option("--workers", default=1, show_default=True, help="Parallel campaign processes sharing the corpus.")
-@click.option("--alpha", default=1e-3, show_default=True, help="Campaign-wide false-alarm probability.")
-@click.option("--samples", "max_samples", default=1000, show_default=True, help="Samples per request pattern when the verdict does not fail earlier.")
-@click.option("--max-vocab", default=5, show_default=True)
-@click.option("--max-tokens", default=4, show_default=True)
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=WRITABLE_DIR)
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Deterministic with the same seed (and engine).")
+@click.option("--workers", default=1, show_default=True, type=Number(1, 64, integer=True), help="Parallel campaign processes sharing the corpus.")
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA, help="Campaign-wide false-alarm probability.")
+@click.option("--samples", "max_samples", default=1000, show_default=True, type=COUNT,
+              help="Samples per request pattern when the verdict does not fail earlier.")
+@click.option("--max-vocab", default=5, show_default=True, type=MAX_VOCAB)
+@click.option("--max-tokens", default=4, show_default=True, type=MAX_TOKENS)
+@click.option("--dtype", default="float32", show_default=True, type=dtype_choice())
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
 @click.option("--quiet", is_flag=True, help="No live display; print the summary only.")
 @click.option("--engine-setting", "engine_settings", multiple=True, metavar="KEY=VALUE",
               help="An engine knob passed to the engine's start (value parsed as JSON when it can be), e.g. enforce_eager=false.")
-@click.option("--batch", default=600, show_default=True, help="Requests per engine call (all patterns of a family mixed).")
-@click.option("--patterns", default=3, show_default=True, type=click.IntRange(1, 64),
+@click.option("--batch", default=600, show_default=True, type=COUNT, help="Requests per engine call (all patterns of a family mixed).")
+@click.option("--patterns", default=3, show_default=True, type=Number(1, 64, integer=True),
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
 @click.option("--no-swap", is_flag=True,
               help="Start the engine afresh for every table model instead of loading new tables into the running engine.")
+@click.option("--reset-state", is_flag=True,
+              help="Start a fresh campaign state (α spending, totals, Hypothesis database kept): the old state file, "
+                   "damaged or not, is kept beside it under a new name. Needed to go on after the state file was damaged.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
-              help="Run on Ray: engine actors search, this process alone writes the corpus. Alone: a local cluster; 'auto': the cluster running here; or HOST:PORT.")
-@click.option("--engines", default=None, type=int, help="With --ray: engine actors (default: one per GPU; CPU engines: one per CPU).")
-@click.option("--gpus-per-engine", default=None, type=float,
+              help="Run on Ray: engine actors search, this process alone writes the corpus. Alone: a new local cluster; 'auto': the cluster running here; or HOST:PORT.")
+@click.option("--engines", default=None, type=Number(1, 4096, integer=True),
+              help="With --ray: engine actors (default: one per GPU; CPU engines: one per CPU).")
+@click.option("--gpus-per-engine", default=None, type=Number(0, 64),
               help="With --ray: GPUs per engine actor (0.25 packs four engines on a GPU; 0: CPU actors). Default: 1 on a cluster with GPUs (reference engine: 0).")
-@click.option("--cpus-per-engine", default=1.0, show_default=True, type=float, help="With --ray: CPUs per engine actor.")
-@click.option("--worker-index", default=0, hidden=True)
+@click.option("--cpus-per-engine", default=1.0, show_default=True, type=Number(0, 1024, lo_open=True),
+              help="With --ray: CPUs per engine actor.")
+@click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, ray_address, engines, gpus_per_engine,
-             cpus_per_engine, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, reset_state, ray_address, engines,
+             gpus_per_engine, cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus."""
     from specfuzz.fuzz.campaign import Campaign, CampaignConfig
     from specfuzz.fuzz.display import LiveDisplay, print_summary
 
-    budget_s = parse_budget(budget)
-    if workers < 1:
-        raise click.BadParameter(f"{workers}: an integer >= 1", param_hint="--workers")
+    # Everything is checked before anything is written or started.
+    budget_s = float(budget)
     if ray_address is None and (engines is not None or gpus_per_engine is not None):
         raise click.BadParameter("--engines and --gpus-per-engine: only with --ray", param_hint="--ray")
     if ray_address is not None and workers > 1:
         raise click.BadParameter(f"{workers}: 1 with --ray (--engines sets the engine actors)", param_hint="--workers")
-    if engines is not None and engines < 1:
-        raise click.BadParameter(f"{engines}: an integer >= 1", param_hint="--engines")
-    if gpus_per_engine is not None and gpus_per_engine < 0:
-        raise click.BadParameter(f"{gpus_per_engine}: 0 (CPU actors), a fraction of a GPU such as 0.25, or whole GPUs", param_hint="--gpus-per-engine")
-    if cpus_per_engine <= 0:
-        raise click.BadParameter(f"{cpus_per_engine}: a number > 0", param_hint="--cpus-per-engine")
     meth: tuple[str, ...] | None
     if not methods:
         meth = None
@@ -121,11 +135,40 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             raise click.BadParameter(f"{methods!r}: 'none' alone, or speculation methods", param_hint="--method")
         meth = ()
     else:
-        meth = tuple(methods)
-    procs = []
+        meth = tuple(dict.fromkeys(methods))
+    engine_kwargs = _engine_kwargs(engine, inject)
+    parse_settings(engine_settings)  # a bad KEY=VALUE is refused here
     if workers > 1:
         # N campaign processes on one device: split its memory between their engines.
         engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings).items())
+    share = alpha / workers if workers > 1 and worker_index == 0 else alpha
+    cfg = CampaignConfig(
+        engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
+        seed=seed, methods=meth, alpha=share, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
+        dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
+        max_patterns=patterns, swap=not no_swap, reset_state=reset_state,
+    )
+    refusals: list[str] = []
+    display = None if quiet else LiveDisplay(cfg, console)
+
+    def on_event(msg: str, stats) -> None:
+        if msg.startswith("engine refused a case:"):
+            refusals.append(msg)
+        if display is not None:
+            display.update(msg, stats)
+
+    if ray_address is not None:
+        _fuzz_on_ray(cfg, ray_address, engines, gpus_per_engine, cpus_per_engine, display, on_event, meth, max_vocab)
+        return
+    campaign = Campaign(cfg, on_event=on_event)  # refuses a damaged campaign state (InvalidInput)
+    try:
+        _check_methods(campaign.engine.capabilities(), meth, max_vocab)
+    except BaseException:
+        campaign.engine.close()
+        raise
+    for note in campaign.state_notes:
+        console.print(f"[yellow]{note}[/yellow]", highlight=False, soft_wrap=True)
+    procs = []
     if workers > 1 and worker_index == 0:
         import subprocess
 
@@ -135,24 +178,13 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                    "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens),
                    "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w)]
             cmd += ["--inject", inject] if inject else []
+            cmd += ["--reset-state"] if reset_state else []
             for m in methods:
                 cmd += ["--method", m]
             for kv in engine_settings:
                 cmd += ["--engine-setting", kv]
             cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
-        alpha = alpha / workers
-    cfg = CampaignConfig(
-        engine=engine, engine_kwargs=_engine_kwargs(engine, inject), budget_s=budget_s, corpus_dir=corpus_dir,
-        seed=seed, methods=meth, alpha=alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
-        dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
-        max_patterns=patterns, swap=not no_swap,
-    )
-    display = None if quiet else LiveDisplay(cfg, console)
-    if ray_address is not None:
-        _fuzz_on_ray(cfg, ray_address, engines, gpus_per_engine, cpus_per_engine, display)
-        return
-    campaign = Campaign(cfg, on_event=None if display is None else display.update)
     try:
         if display is not None:
             with display:
@@ -168,21 +200,50 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
 
         totals = merge_worker_totals(corpus_dir, workers, totals)
     print_summary(console, cfg, stats, campaign.corpus, totals)
+    if refusals and stats.cases == 0:
+        # Every case was refused: a setting the engine does not take, not an empty search space.
+        raise click.UsageError(f"the engine refused every case ({refusals[-1].split(':', 1)[1].strip()}); "
+                               "check --engine-setting and --dtype")
 
 
-def _fuzz_on_ray(cfg, address: str, engines, gpus_per_engine, cpus_per_engine, display) -> None:
-    """``fuzz --ray``: the campaign on Ray (specfuzz.fuzz.ray_driver), then its summary."""
+def _fuzz_on_ray(cfg, address: str, engines, gpus_per_engine, cpus_per_engine, display, on_event, methods,
+                 max_vocab: int) -> None:
+    """``fuzz --ray``: the campaign on Ray (specfuzz.fuzz.ray_driver), then its summary.
+    The campaign state and the methods are checked here first, as without Ray (the
+    methods where the engine can be loaded here: a driver node need not have it)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from specfuzz.engines.isolation import IsolatedEngine, load_engine_class
+    from specfuzz.errors import SpecfuzzError
+    from specfuzz.fuzz.campaign import Campaign
     from specfuzz.fuzz.corpus import Corpus
     from specfuzz.fuzz.display import print_ray_summary, print_summary
     from specfuzz.fuzz.ray_driver import RayOptions, run_ray_campaign
 
+    state = SimpleNamespace(state_path=Path(cfg.corpus_dir) / ".specfuzz" / "state.json", cfg=cfg)
+    Campaign._load_state(state)  # type: ignore[arg-type]  # a damaged state: refused; --reset-state: set aside
+    for note in getattr(state, "state_notes", ()):
+        console.print(f"[yellow]{note}[/yellow]", highlight=False, soft_wrap=True)
+    if hasattr(cfg, "reset_state"):
+        cfg = dataclasses.replace(cfg, reset_state=False)
+    try:
+        load_engine_class(cfg.engine)
+    except SpecfuzzError:
+        pass  # not importable here: the engine actors check it
+    else:
+        eng = IsolatedEngine(cfg.engine, cfg.engine_kwargs, log_dir=Path(cfg.work_dir) / "logs")
+        try:
+            _check_methods(eng.capabilities(), methods, max_vocab)
+        finally:
+            eng.close()
     opts = RayOptions(address=None if address == "local" else address, engines=engines,
                       gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine)
     if display is not None:
         with display:
-            outcome = run_ray_campaign(cfg, opts, on_event=display.update)
+            outcome = run_ray_campaign(cfg, opts, on_event=on_event)
     else:
-        outcome = run_ray_campaign(cfg, opts)
+        outcome = run_ray_campaign(cfg, opts, on_event=on_event)
     if isinstance(outcome.fatal, SpecfuzzError):
         raise outcome.fatal
     if outcome.fatal is not None and not isinstance(outcome.fatal, KeyboardInterrupt):
@@ -226,15 +287,12 @@ def _device_share(engine: str, workers: int, given: tuple[str, ...]) -> dict:
 
 
 @main.command("law")
-@click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--top", default=20, show_default=True, help="Show the most likely outputs only.")
+@click.argument("case_file", type=click.Path(path_type=Path))
+@click.option("--top", default=20, show_default=True, type=COUNT, help="Show the most likely outputs only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole law as JSON.")
 def law_cmd(case_file: Path, top: int, as_json: bool) -> None:
     """Print the exact target law μ of a case (a case JSON file, or a corpus entry holding one)."""
-    from specfuzz.case import Case
-
-    data = json.loads(case_file.read_text())
-    case = Case.from_json(data.get("case", data))
+    case = read_case_file(case_file)
     law = case.target_law().enumerate()
     if as_json:
         click.echo(json.dumps({"outputs": [list(o) for o in law.outputs], "probs": law.probs.tolist(), "error_bound": law.error_bound}))
@@ -249,11 +307,11 @@ def law_cmd(case_file: Path, top: int, as_json: bool) -> None:
 
 
 @main.command("catalogue")
-@click.option("--bug", "bugs", multiple=True, help="Only these classes (N1..N7); default all.")
-@click.option("--alpha", default=1e-3, show_default=True, help="Level of each case's test.")
-@click.option("--max-samples", default=20_000, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--store", "store_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--bug", "bugs", multiple=True, type=bug_choice(), help="Only these classes (N1..N7); default all.")
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA, help="Level of each case's test.")
+@click.option("--max-samples", default=20_000, show_default=True, type=COUNT)
+@click.option("--seed", default=0, show_default=True, type=SEED)
+@click.option("--store", "store_dir", default=None, type=WRITABLE_DIR,
               help="Also write each class as a regression corpus entry into this folder.")
 def catalogue_cmd(bugs: tuple[str, ...], alpha: float, max_samples: int, seed: int, store_dir: Path | None) -> None:
     """Run the regression catalogue N1-N7 on the reference sampler: detect and attribute each."""
@@ -320,16 +378,16 @@ def _engine_kwargs(engine: str, inject: str | None) -> dict:
 
 
 @main.command("check")
-@click.argument("case_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--engine", default="reference", show_default=True, help="reference, vllm, hf, sglang, or package.module:Class.")
-@click.option("--inject", default=None, help="Reference engine only: inject a catalogued bug (N1..N7).")
-@click.option("--samples", default=4000, show_default=True, help="Samples per run (fewer if the verdict fails earlier).")
-@click.option("--alpha", default=1e-3, show_default=True)
-@click.option("--tolerance", default=0.0, show_default=True, help="Per-token probability tolerance (for inexact dtypes).")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--seed", default=0, show_default=True)
-@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("case_file", type=click.Path(path_type=Path))
+@click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, or package.module:Class.")
+@click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7).")
+@click.option("--samples", default=4000, show_default=True, type=COUNT, help="Samples per run (fewer if the verdict fails earlier).")
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA)
+@click.option("--tolerance", default=0.0, show_default=True, type=TOLERANCE, help="Per-token probability tolerance (for inexact dtypes).")
+@click.option("--dtype", default="float32", show_default=True, type=dtype_choice())
+@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=WRITABLE_DIR)
+@click.option("--seed", default=0, show_default=True, type=SEED)
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
 def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpus_dir, seed, work_dir) -> None:
     """Run one case on an engine: calibration with speculation off, then speculation on.
 
@@ -337,13 +395,11 @@ def check_cmd(case_file, engine, inject, samples, alpha, tolerance, dtype, corpu
     finding; a calibration failure is stored as a calibration entry (an oracle/profile
     error or a non-speculative engine bug); a crash as a crash entry.
     """
-    from specfuzz.case import Case
     from specfuzz.engines.isolation import IsolatedEngine
-    from specfuzz.fuzz.corpus import Corpus, Entry
+    from specfuzz.fuzz.corpus import Corpus
     from specfuzz.fuzz.run import crash_entry, finding_entry, run_case
 
-    data = json.loads(case_file.read_text())
-    case = Case.from_json(data.get("case", data))
+    case = read_case_file(case_file)
     corpus = Corpus(corpus_dir)
     eng = IsolatedEngine(engine, _engine_kwargs(engine, inject), log_dir=work_dir / "logs")
     try:
@@ -424,13 +480,13 @@ def _logits_prompt(vocab: int) -> list[int]:
 
 
 @main.command("calibrate")
-@click.option("--engine", default="reference", show_default=True)
-@click.option("--samples", default=3000, show_default=True)
-@click.option("--alpha", default=1e-3, show_default=True)
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--engine", default="reference", show_default=True, type=ENGINE)
+@click.option("--samples", default=3000, show_default=True, type=COUNT)
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA)
+@click.option("--dtype", default="float32", show_default=True, type=dtype_choice())
 @click.option("--engine-setting", "engine_settings", multiple=True, metavar="KEY=VALUE")
-@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Also write results here.")
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
+@click.option("--json", "json_out", default=None, type=click.Path(path_type=Path), help="Also write results here.")
 def calibrate_cmd(engine, samples, alpha, dtype, engine_settings, work_dir, json_out) -> None:
     """Speculation off on standard sampling settings: does the engine sample μ under its profile?
 
@@ -447,6 +503,9 @@ def calibrate_cmd(engine, samples, alpha, dtype, engine_settings, work_dir, json
     from specfuzz.fuzz.run import run_family
     from specfuzz.oracle.judge import target_law_dict
 
+    settings = parse_settings(engine_settings)
+    if json_out is not None:
+        check_writable_file(json_out, "--json")
     suite = calibration_suite()
     eng = IsolatedEngine(engine, {}, log_dir=work_dir / "logs")
     rows: list[dict] = []
@@ -473,7 +532,7 @@ def calibrate_cmd(engine, samples, alpha, dtype, engine_settings, work_dir, json
             raise click.ClickException(f"no calibration setting applies to engine {engine!r} (skipped: {'; '.join(skipped)})")
         runs = run_family(eng, cases, ckpt_root=work_dir / "checkpoints", alphas=[alpha / len(cases)] * len(cases),
                           max_samples=samples, batch=min(6000, samples * len(cases)), speculation=False,
-                          profile=caps.profile, dtype=dtype, settings=parse_settings(engine_settings))
+                          profile=caps.profile, dtype=dtype, settings=settings)
         t = Table(title=f"calibration of {engine} ({dtype}, speculation off, profile {caps.profile})")
         for col in ("setting", "samples", "verdict", "e-value", "worst token"):
             t.add_column(col)
@@ -550,38 +609,49 @@ def engine_for_entry(entry) -> tuple[str, dict]:
     spec = entry.engine.get("engine_spec")
     if spec:
         return spec, {}
-    raise click.ClickException(f"entry engine {name!r}: cannot tell how to start it; pass --engine")
+    raise click.UsageError(f"entry engine {name!r}: cannot tell how to start it; pass --engine "
+                           "(reference, vllm, hf, sglang or package.module:Class)")
 
 
 @main.command("replay")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--engine", default=None, help="Engine to replay on (default: each entry's own; regression entries: the reference with their bug).")
-@click.option("--inject", default=None, help="With --engine reference: inject this class instead.")
-@click.option("--samples", default=2000, show_default=True)
-@click.option("--alpha", default=1e-3, show_default=True)
-@click.option("--seed", default=12345, show_default=True, help="Fresh samples: a seed the campaign did not use.")
-@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--engine", default=None, type=ENGINE, help="Engine to replay on (default: each entry's own; regression entries: the reference with their bug).")
+@click.option("--inject", default=None, type=bug_choice(), help="With --engine reference: inject this class instead.")
+@click.option("--samples", default=2000, show_default=True, type=COUNT)
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA)
+@click.option("--seed", default=12345, show_default=True, type=SEED, help="Fresh samples: a seed the campaign did not use.")
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
 @click.option("--check", is_flag=True, help="Exit 1 if any entry still fails (a gate for a fixed engine).")
 def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> None:
     """Re-run stored corpus entries (files or folders) and report which still fail."""
     from specfuzz.case import Case
+    from specfuzz.cli_input import entry_problem
     from specfuzz.engines.isolation import IsolatedEngine
     from specfuzz.fuzz.corpus import Corpus, Entry
     from specfuzz.fuzz.run import run_case
 
     items: list[tuple[Path, Entry]] = []
+    skipped: list[str] = []
     for p in paths:
         if p.is_dir():
             for path, e in Corpus(p).entries():
-                if isinstance(e, Entry):
+                if isinstance(e, Entry) and entry_problem(e.to_json()) is None:
                     items.append((path, e))
                 else:
-                    console.print(f"[yellow]skipped[/yellow] {path}: {e}")
+                    skipped.append(f"[yellow]skipped[/yellow] {path}: {e if not isinstance(e, Entry) else 'no case'}")
+        elif p.exists():
+            items.append((p, read_entry_file(p, "PATHS")))  # a file named on its own must be an entry
         else:
-            try:
-                items.append((p, Entry.from_json(json.loads(p.read_text()))))
-            except (ValueError, KeyError, json.JSONDecodeError) as exc:
-                console.print(f"[yellow]skipped[/yellow] {p}: {exc}")
+            raise click.BadParameter(f"{str(p)!r}: no such file or folder; a corpus entry file or a folder of them",
+                                     param_hint="PATHS")
+    if not items:
+        raise click.BadParameter(f"{', '.join(map(str, paths))!r}: no corpus entries found ({len(skipped)} files skipped); "
+                                 "a corpus entry file or a folder holding some", param_hint="PATHS")
+    specs = {}
+    for path, e in items:
+        specs[path] = (engine, _engine_kwargs(engine, inject)) if engine else engine_for_entry(e)
+    for line in skipped:
+        console.print(line)
     t = Table(title="replay")
     for col in ("entry", "engine", "stored", "now", "samples", "e-value", "attribution"):
         t.add_column(col)
@@ -589,7 +659,7 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check) -> 
     still = 0
     try:
         for path, e in items:
-            spec, kw = (engine, _engine_kwargs(engine, inject)) if engine else engine_for_entry(e)
+            spec, kw = specs[path]
             key = (spec, tuple(sorted(kw.items())))
             if key not in engines:
                 engines[key] = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
@@ -624,15 +694,15 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
 
 
 @main.command("shrink")
-@click.argument("entry_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--engine", default=None, help="Engine to shrink on (default: the entry's own).")
-@click.option("--inject", default=None, help="With --engine reference: inject this class.")
-@click.option("--budget", default="10m", show_default=True, help="Time budget: 90s, 10m, 2h.")
-@click.option("--samples", default=2000, show_default=True, help="Samples per candidate (findings and calibration entries).")
-@click.option("--alpha", default=1e-3, show_default=True, help="Level of each candidate's test (findings).")
-@click.option("--seed", default=54321, show_default=True)
-@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--attempts", default=1, show_default=True, type=click.IntRange(1, 20),
+@click.argument("entry_path", type=click.Path(path_type=Path))
+@click.option("--engine", default=None, type=ENGINE, help="Engine to shrink on (default: the entry's own).")
+@click.option("--inject", default=None, type=bug_choice(), help="With --engine reference: inject this class.")
+@click.option("--budget", default="10m", show_default=True, type=DURATION, help="Time budget: 90s, 10m, 2h.")
+@click.option("--samples", default=2000, show_default=True, type=COUNT, help="Samples per candidate (findings and calibration entries).")
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA, help="Level of each candidate's test (findings).")
+@click.option("--seed", default=54321, show_default=True, type=SEED)
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
+@click.option("--attempts", default=1, show_default=True, type=Number(1, 20, integer=True),
               help="Runs per candidate before it counts as not reproducing (for crashes that do not happen every time).")
 @click.option("--dry-run", is_flag=True, help="Report the shrunk case; do not write it into the corpus.")
 def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_dir, attempts, dry_run) -> None:
@@ -641,19 +711,22 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     entry's folder: a crash stored unshrunk is replaced (its old case kept in the entry)."""
     from specfuzz.case import Case
     from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
-    from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json
+    from specfuzz.cli_input import writable_dir_problem
+    from specfuzz.fuzz.corpus import Corpus, atomic_write_json
     from specfuzz.fuzz.run import crash_entry, finding_entry
     from specfuzz.fuzz.shrink import entry_reproducer, shrink
     from specfuzz.fuzz.triage import entry_dtype, entry_settings
 
-    try:
-        entry = Entry.from_json(json.loads(entry_path.read_text()))
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-        raise click.BadParameter(f"{entry_path}: not a readable corpus entry ({exc})", param_hint="ENTRY") from None
+    entry = read_entry_file(entry_path, "ENTRY")
     if entry.kind not in ("crash", "finding", "calibration", "regression"):
         raise click.BadParameter(f"{entry_path}: kind {entry.kind!r} cannot be shrunk", param_hint="ENTRY")
+    if not dry_run:
+        why = writable_dir_problem(entry_path.parent)
+        if why is not None:
+            raise click.BadParameter(f"{str(entry_path)!r}: its folder is {why}; an entry in a folder specfuzz can "
+                                     "write in (or --dry-run)", param_hint="ENTRY")
     spec, kw = (engine, _engine_kwargs(engine, inject)) if engine else engine_for_entry(entry)
-    budget_s = parse_budget(budget)
+    budget_s = float(budget)
     dtype, settings = entry_dtype(entry), entry_settings(entry) or None
     case = Case.from_json(entry.case)
     eng = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
@@ -692,7 +765,7 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
         run = res.last_run
         if entry.kind == "crash":
             crash = run if isinstance(run, EngineCrash) else run.crash
-            new = crash_entry(eng, c, crash, spec, dtype=dtype, settings=settings)
+            new = crash_entry(eng, c, crash, spec, dtype=dtype, settings=settings, launch=getattr(run, "launch", None))
         else:
             new = finding_entry(dict(eng.version()), run, None)
             new.kind = entry.kind if entry.kind == "calibration" else new.kind
@@ -733,11 +806,7 @@ _register_optional_commands()
 
 
 def run() -> None:
-    try:
-        main(standalone_mode=True)
-    except SpecfuzzError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
+    main(standalone_mode=True)  # errors: one line and an exit status (OneLineErrors)
 
 
 if __name__ == "__main__":

@@ -325,13 +325,36 @@ class SGLangEngine(Engine):
         kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
         return kwargs
 
+    def launch_args(self, config: EngineConfig) -> tuple[dict[str, str], dict[str, Any]]:
+        """What :meth:`start` applies for ``config``: (environment variables, ``sglang.Engine``
+        keyword arguments = ServerArgs fields), less ``random_seed`` (fresh per start unless
+        set) and with the EAGLE head's SGLang-layout path. Validates (InvalidInput), starts
+        and writes nothing; drafts replay it. Needs SGLang (the ServerArgs field check)."""
+        kwargs = self.check_config(config)
+        settings = self.settings_for(config)
+        fields = server_args_fields()
+        user_keys = set(settings) - set(_OWN_SETTINGS)
+        unknown = unknown_server_args(sorted(user_keys), fields)
+        if unknown:
+            raise InvalidInput(f"settings[{unknown[0]!r}]", settings[unknown[0]], "a ServerArgs field of this SGLang version")
+        mapped_missing = unknown_server_args(sorted(k for k in kwargs if k not in user_keys and k not in DEFAULT_SETTINGS), fields)
+        if mapped_missing:
+            raise InvalidInput("ServerArgs field", mapped_missing[0], "a field this SGLang version has (the adapter maps onto it)")
+        self.dropped_defaults = tuple(unknown_server_args(sorted(k for k in DEFAULT_SETTINGS if k not in user_keys), fields))
+        for k in self.dropped_defaults:
+            kwargs.pop(k, None)
+        if isinstance(config.speculation, SpecConfig) and config.speculation.method in HEAD_METHODS:
+            kwargs["speculative_draft_model_path"] = str(Path(config.draft_dir).with_name(Path(config.draft_dir).name + "-sglang"))
+        env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}
+        return env, kwargs
+
     def start(self, config: EngineConfig) -> None:
         """Start SGLang on ``config``; raise InvalidInput (before starting) for a bad config."""
         if self._engine is not None:
             if config == self._config and not self._broken and not self._unchecked:
                 return
             self.close()
-        kwargs = self.check_config(config)
+        self.check_config(config)
         settings = self.settings_for(config)
         if any(e._engine is not None for e in _RUNNING):
             raise RuntimeError(
@@ -346,17 +369,7 @@ class SGLangEngine(Engine):
                     "(it would kill the new engine's processes); start the engine in a fresh process"
                 )
             _PENDING_SHUTDOWNS.remove(th)
-        fields = server_args_fields()
-        user_keys = set(settings) - set(_OWN_SETTINGS)
-        unknown = unknown_server_args(sorted(user_keys), fields)
-        if unknown:
-            raise InvalidInput(f"settings[{unknown[0]!r}]", settings[unknown[0]], "a ServerArgs field of this SGLang version")
-        mapped_missing = unknown_server_args(sorted(k for k in kwargs if k not in user_keys and k not in DEFAULT_SETTINGS), fields)
-        if mapped_missing:
-            raise InvalidInput("ServerArgs field", mapped_missing[0], "a field this SGLang version has (the adapter maps onto it)")
-        self.dropped_defaults = tuple(unknown_server_args(sorted(k for k in DEFAULT_SETTINGS if k not in user_keys), fields))
-        for k in self.dropped_defaults:
-            kwargs.pop(k, None)
+        env, kwargs = self.launch_args(config)
         if kwargs.get("random_seed") is None:
             kwargs["random_seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         self.random_seed = int(kwargs["random_seed"])
@@ -364,7 +377,6 @@ class SGLangEngine(Engine):
             from specfuzz.tablegen.eagle import sglang_head
 
             kwargs["speculative_draft_model_path"] = str(sglang_head(config.draft_dir))
-        env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}
         self._shutdown_timeout_s = float(settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S))
 
         import sglang

@@ -595,19 +595,13 @@ class VLLMEngine(Engine):
             detail += f"; mismatches (context, token, engine, table): {list(rep.mismatches[:5])}"
         return TableCheck(ok=ok, rows=rows, max_abs_diff=float(rep.max_abs_diff), tolerance=float(rep.tolerance), detail=detail)
 
-    def start(self, config: EngineConfig) -> None:
-        """Start vLLM on ``config``; raise InvalidInput (before starting) for a bad config."""
-        if self._llm is not None:
-            if config == self._config:
-                return
-            self.close()
+    def launch_args(self, config: EngineConfig) -> tuple[dict[str, str], dict[str, Any]]:
+        """What :meth:`start` applies for ``config``: (environment variables, ``vllm.LLM``
+        keyword arguments). Validates (InvalidInput) and starts nothing; drafts replay it."""
         spec_dict = self.check_config(config)
-        target = read_config(Path(config.target_dir), "target_dir")
         settings = self.settings_for(config)
-        use_mp = self._use_multiprocessing(settings.get("multiprocessing"))
+        use_mp = self._use_multiprocessing(settings.get("multiprocessing"), starting=False)
         env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}
-        self._shutdown_timeout_s = float(settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S))
-
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if use_mp else "0")
         runner = self._model_runner(settings, config)
         stock = self._stock_runner(settings, config)
@@ -634,24 +628,38 @@ class VLLMEngine(Engine):
         unknown = sorted(k for k in settings if k not in _OWN_SETTINGS and not _llm_accepts(k))
         if unknown:
             raise InvalidInput("engine setting", unknown[0], "an own setting (" + ", ".join(_OWN_SETTINGS) + ") or a field of this vLLM version's EngineArgs")
+        with environ(env):  # vLLM's first import (its logging set-up) under the start's environment
+            cpu = _is_cpu_platform()
+        if cpu:
+            space = settings.get("cpu_kvcache_space_gib", env.get("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_SPACE_GIB)))
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(space)
+            kwargs["gpu_memory_utilization"] = DEFAULT_CPU_MEMORY_UTILIZATION
+        elif "gpu_memory_utilization" not in settings and "kv_cache_memory_bytes" not in settings:
+            kwargs["gpu_memory_utilization"] = DEFAULT_CUDA_MEMORY_UTILIZATION
+        if spec_dict:
+            kwargs["speculative_config"] = spec_dict
+            if _engine_args_accept("per_request_spec_decode_metrics"):  # vLLM >= 0.26-ish; not 0.25
+                kwargs["per_request_spec_decode_metrics"] = "summary"
+        kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
+        return env, kwargs
+
+    def start(self, config: EngineConfig) -> None:
+        """Start vLLM on ``config``; raise InvalidInput (before starting) for a bad config."""
+        if self._llm is not None:
+            if config == self._config:
+                return
+            self.close()
+        env, kwargs = self.launch_args(config)
+        target = read_config(Path(config.target_dir), "target_dir")
+        settings = self.settings_for(config)
+        use_mp = self._use_multiprocessing(settings.get("multiprocessing"))
+        self._shutdown_timeout_s = float(settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S))
         with environ(env):
             import vllm.envs as vllm_envs
 
             # vLLM caches its environment after an in-process engine has started.
             if hasattr(vllm_envs, "disable_envs_cache"):
                 vllm_envs.disable_envs_cache()
-            cpu_env: dict[str, str] = {}
-            if _is_cpu_platform():
-                space = settings.get("cpu_kvcache_space_gib", os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_SPACE_GIB))
-                cpu_env["VLLM_CPU_KVCACHE_SPACE"] = str(space)
-                kwargs["gpu_memory_utilization"] = DEFAULT_CPU_MEMORY_UTILIZATION
-            elif "gpu_memory_utilization" not in settings and "kv_cache_memory_bytes" not in settings:
-                kwargs["gpu_memory_utilization"] = DEFAULT_CUDA_MEMORY_UTILIZATION
-            if spec_dict:
-                kwargs["speculative_config"] = spec_dict
-                if _engine_args_accept("per_request_spec_decode_metrics"):  # vLLM >= 0.26-ish; not 0.25
-                    kwargs["per_request_spec_decode_metrics"] = "summary"
-            kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
             from vllm import LLM
 
             import torch
@@ -662,8 +670,7 @@ class VLLMEngine(Engine):
             self._in_process = not use_mp
             self._llm_kwargs = dict(kwargs)
             try:
-                with environ(cpu_env):
-                    self._llm = LLM(**kwargs)
+                self._llm = LLM(**kwargs)
                 if self._in_process:
                     _IN_PROCESS.add(self)
             except BaseException as exc:
@@ -684,8 +691,9 @@ class VLLMEngine(Engine):
         self._sampling_caps = self.capabilities().sampling
 
     @staticmethod
-    def _use_multiprocessing(setting: object) -> bool:
-        """Separate engine-core process or not (see the module docstring)."""
+    def _use_multiprocessing(setting: object, starting: bool = True) -> bool:
+        """Separate engine-core process or not (see the module docstring); ``starting``:
+        also refuse an in-process start this process cannot make now."""
         import multiprocessing as mp
 
         if setting is not None and not isinstance(setting, bool):
@@ -698,6 +706,8 @@ class VLLMEngine(Engine):
             )
         if (not daemon) if setting is None else setting:
             return True
+        if not starting:
+            return False
         if any(e._llm is not None for e in _IN_PROCESS):
             # vLLM keeps one parallel state per process: closing one in-process engine
             # tears it down under every other in-process engine of the process.

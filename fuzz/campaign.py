@@ -186,6 +186,62 @@ class PatternFailed(Exception):
     """A confirmed failure: Hypothesis shrinks the example that raised it."""
 
 
+class DamagedState(InvalidInput):
+    """The campaign state file exists but cannot be used; nothing is written over it."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            "campaign state", str(path),
+            f"a readable state file: this one {why}. It is left as it is (starting afresh would reset the α already "
+            "spent); run again with --reset-state to keep it aside under a new name and start a fresh state, or put "
+            "back a copy of the corpus's .specfuzz/ folder",
+        )
+
+
+def state_problem(d: object) -> str | None:
+    """Why a parsed state document cannot be resumed (None if it can)."""
+    if not isinstance(d, dict):
+        return f"holds a JSON {type(d).__name__}, not an object"
+    if d.get("schema_version") != STATE_SCHEMA_VERSION:
+        return f"has schema_version={d.get('schema_version')!r}, not {STATE_SCHEMA_VERSION} (another specfuzz version?)"
+    try:
+        AlphaSpender.from_json(d.get("spender"))
+    except (InvalidInput, KeyError, TypeError, ValueError) as exc:
+        return f"has no valid α spender ({type(exc).__name__}: {exc})"
+    searches = d.get("searches", 0)
+    if isinstance(searches, bool) or not isinstance(searches, int) or searches < 0:
+        return f"has searches={searches!r}, not an integer >= 0"
+    totals = d.get("totals") or {}
+    if not isinstance(totals, dict) or not isinstance(totals.get("methods", {}), dict) \
+            or not all(isinstance(v, dict) for v in totals.get("methods", {}).values()):
+        return "has malformed totals"
+    for k in ("seconds", "runs"):
+        if k in totals and (isinstance(totals[k], bool) or not isinstance(totals[k], (int, float))):
+            return f"has totals.{k}={totals[k]!r}, not a number"
+    eng = totals.get("engine", {})
+    if not isinstance(eng, dict) or not isinstance(eng.get("seconds", {}), dict) or not isinstance(eng.get("shapes", {}), dict):
+        return "has malformed engine totals"
+    for k, v in [*eng.items(), *eng.get("seconds", {}).items()]:
+        if k not in ("seconds", "shapes") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"has engine totals {k}={v!r}, not a number"
+    simplest = d.get("simplest_run") or []
+    if not isinstance(simplest, list) or not all(isinstance(x, str) for x in simplest):
+        return "has a malformed simplest_run list"
+    return None
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to ``<name>.<why>-<UTC time>`` beside it (never over another file); the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.{why}-{stamp}")
+    i = 1
+    while target.exists():
+        i += 1
+        target = path.with_name(f"{path.name}.{why}-{stamp}-{i}")
+    path.rename(target)
+    return target
+
+
 @dataclass
 class CampaignConfig:
     engine: str = "reference"
@@ -206,6 +262,7 @@ class CampaignConfig:
     worker: int = 0  # index among parallel workers sharing the corpus (each keeps its own state)
     engine_settings: dict = field(default_factory=dict)  # EngineConfig.settings: backend knobs
     swap: bool = True  # load new tables into a running engine where it can (False: a start per table model)
+    reset_state: bool = False  # start a fresh state; the old file is kept aside (Campaign._load_state)
 
     @property
     def calibration_only(self) -> bool:
@@ -287,12 +344,35 @@ class Campaign:
     # -- state ---------------------------------------------------------------------
 
     def _load_state(self) -> dict | None:
+        """The stored campaign state, validated; None when there is none (a new campaign).
+
+        A damaged state (unreadable, not JSON, another schema, fields of the wrong type) is
+        never replaced silently: starting afresh would reset the α already spent, and with
+        it the campaign-wide false-alarm guarantee. It raises :class:`DamagedState`, which
+        says how to continue; with ``reset_state`` the old file (damaged or not) is kept
+        beside it under a new name and the campaign starts a fresh state.
+        """
+        self.state_notes: list[str] = []
+        path = self.state_path
+        if not path.exists() and not path.is_symlink():
+            return None
+        why = None
+        d = None
         try:
-            d = json.loads(self.state_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            d = json.loads(path.read_bytes().decode("utf-8"))
+        except OSError as exc:
+            why = f"cannot be read ({exc.strerror or type(exc).__name__})"
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            why = f"is not JSON ({getattr(exc, 'msg', None) or type(exc).__name__})"
+        if why is None:
+            why = state_problem(d)
+        if self.cfg.reset_state:
+            kept = set_aside(path, "damaged" if why else "old")
+            self.state_notes.append(f"--reset-state: kept the {'damaged ' if why else ''}campaign state as {kept}; "
+                                    "starting a fresh state (α spending restarts)")
             return None
-        if d.get("schema_version") != STATE_SCHEMA_VERSION:
-            return None
+        if why is not None:
+            raise DamagedState(path, why)
         return d
 
     def _save_state(self) -> None:
@@ -450,7 +530,7 @@ class Campaign:
         floors = dict(getattr(caps, "min_vocab", {}) or {})
         fit = tuple(m for m in methods if floors.get(m, 2) <= self.cfg.max_vocab)
         if not fit:
-            need = min(floors[m] for m in methods)
+            need = min(floors.get(m, 2) for m in methods)
             raise InvalidInput("max_vocab", self.cfg.max_vocab,
                                f">= {need} for methods {methods} on this engine (its smallest vocabulary per method: {floors})")
         return fit

@@ -102,7 +102,11 @@ def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None
     """
     spec = case_json.get("spec") or {}
     feats: list = [kind, engine_name, spec.get("method"), spec.get("verify"), label, crash_kind]
-    if kind == "calibration" or label in (None, "unknown"):
+    if kind == "swap":
+        # Stale weights after an in-place swap: one entry per engine and speculation method
+        # (the request that happened to follow the swap says nothing about the bug).
+        feats = [kind, engine_name, spec.get("method")]
+    elif kind == "calibration" or label in (None, "unknown"):
         feats += [_active_features(case_json), _draft_relation(case_json)]
     h = hashlib.sha256(json.dumps(feats, sort_keys=True).encode())
     return h.hexdigest()[:16]

@@ -260,7 +260,7 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
     n, g, c = plan_engines(cfg.engine, opts, ray.cluster_resources())
     # The campaign state as a campaign without Ray reads it: a state this specfuzz cannot
     # read is refused here, in one line, before anything starts.
-    Campaign._load_state(SimpleNamespace(state_path=Path(cfg.corpus_dir) / ".specfuzz" / "state.json"))
+    Campaign._load_state(SimpleNamespace(state_path=Path(cfg.corpus_dir) / ".specfuzz" / "state.json", cfg=cfg))
     settings = dict(cfg.engine_settings)
     settings.update(gpu_share(cfg.engine, g, settings))
     cfg = CampaignConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "engine_settings": settings})

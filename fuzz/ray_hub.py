@@ -111,9 +111,13 @@ class CampaignHub:
     def _load_state(self) -> dict:
         """The campaign state as a campaign without Ray reads it (its schema checks and
         migrations: ``Campaign._load_state``), or {} for none."""
+        from types import SimpleNamespace
+
         from specfuzz.fuzz.campaign import Campaign
 
-        return dict(Campaign._load_state(self) or {})  # type: ignore[arg-type]  # needs only .state_path
+        # The driver checked (or set aside, --reset-state) the state before this hub started.
+        reader = SimpleNamespace(state_path=self.state_path, cfg=SimpleNamespace(reset_state=False))
+        return dict(Campaign._load_state(reader) or {})  # type: ignore[arg-type]
 
     def _open_alpha(self, alpha: float, state: dict) -> None:
         """The campaign's α: the shared confirmation ledger where this specfuzz has one

@@ -11,7 +11,9 @@ from a speculation finding (SPEC §5).
 from __future__ import annotations
 
 import math
+import os
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ class CaseRun:
     accepted: int = 0
     proposed: int = 0
     dtype: str = "float32"
+    launch: dict | None = None  # what the adapter applied to the engine (launch_record)
 
     @property
     def failed(self) -> bool:
@@ -67,6 +70,52 @@ def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", specul
         draft_vocab_size=int(case.draft_table.shape[1]) if with_draft else None,
         draft_d2t=tuple(case.draft_d2t) if with_draft and case.draft_d2t is not None else None,
     )
+
+
+LAUNCH_SCHEMA_VERSION = 1
+# Placeholders for the checkpoint folders in a launch record (a draft's repro.py fills them in).
+TARGET_PLACEHOLDER = "{target}"
+DRAFT_PLACEHOLDER = "{draft}"
+# Process environment variables that steer the engines (recorded as inherited by the engine).
+ENGINE_ENV_PREFIXES = ("VLLM_", "SGLANG_", "SGL_")
+# The last launch record per engine (crash entries are made from the engine, not a run).
+_LAST_LAUNCH: "weakref.WeakKeyDictionary[IsolatedEngine, dict]" = weakref.WeakKeyDictionary()
+
+
+def _placeholders(value, cfg: EngineConfig):
+    """``value`` with the config's checkpoint paths replaced by TARGET/DRAFT_PLACEHOLDER."""
+    if isinstance(value, dict):
+        return {k: _placeholders(v, cfg) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_placeholders(v, cfg) for v in value]
+    if isinstance(value, str):
+        paths = [(str(cfg.target_dir), TARGET_PLACEHOLDER)]
+        if cfg.draft_dir is not None:
+            d = str(cfg.draft_dir)
+            paths = [(d + "-sglang", DRAFT_PLACEHOLDER), (d, DRAFT_PLACEHOLDER)] + paths
+        for path, mark in paths:
+            if value == path:
+                return mark
+        return value
+    return value
+
+
+def launch_record(engine: IsolatedEngine, cfg: EngineConfig) -> dict | None:
+    """What the engine's adapter applies for ``cfg`` (its ``launch_args``: environment and
+    keyword arguments), as stored in corpus entries (``extra["launch"]``) so that a drafted
+    repro.py starts the engine exactly the same way; None for adapters without launch_args.
+    Raises InvalidInput as start would."""
+    try:
+        env, kwargs = engine._call("launch_args", cfg, timeout=engine.start_timeout_s)  # the child computes it
+    except AttributeError:
+        return None
+    set_by_adapter = set(env)
+    inherited = {k: v for k, v in sorted(os.environ.items())
+                 if k.startswith(ENGINE_ENV_PREFIXES) and k not in set_by_adapter}
+    rec = {"schema_version": LAUNCH_SCHEMA_VERSION, "source": "recorded", "env": dict(env),
+           "inherited_env": inherited, "kwargs": _placeholders(dict(kwargs), cfg)}
+    _LAST_LAUNCH[engine] = rec
+    return rec
 
 
 def run_family(
@@ -105,7 +154,9 @@ def run_family(
     per_pattern = max(1, batch // len(cases))
     next_seed = seed
     crash: EngineCrash | None = None
+    launch: dict | None = None
     try:
+        launch = launch_record(engine, cfg)
         engine.start(cfg, fresh=fresh)
         while True:
             live = [i for i, r in enumerate(runs) if r.n < max_samples and tests[i].test.log_e < thresholds[i]]
@@ -132,6 +183,7 @@ def run_family(
         crash = exc
     for r, t in zip(runs, tests):
         r.crash = crash
+        r.launch = launch
         r.judgement = t.judgement(n_planned=max_samples) if r.n else None
         r.seconds = time.perf_counter() - t0
     return runs
@@ -143,9 +195,11 @@ def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: Cas
 
 
 def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_name: str, *,
-                dtype: str = "float32", settings: dict | None = None, family: Sequence[Case] = ()) -> Entry:
+                dtype: str = "float32", settings: dict | None = None, family: Sequence[Case] = (),
+                launch: dict | None = None) -> Entry:
     """A crash entry. ``family``: every request pattern that was in the crashing batch
-    (the engine ran them mixed; the crash may need several of them together)."""
+    (the engine ran them mixed; the crash may need several of them together). ``launch``:
+    the crashing run's launch record (default: the engine's last one)."""
     try:
         version = dict(engine.version())
     except EngineCrash:
@@ -153,6 +207,9 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
     extra: dict = {"crash_kind": crash.kind, "dtype": dtype, "engine_default": _engine_default(case)}
     if settings:
         extra["engine_settings"] = dict(settings)
+    launch = launch if launch is not None else _LAST_LAUNCH.get(engine)
+    if launch is not None:
+        extra["launch"] = launch
     if len(family) > 1:
         extra["batch_patterns"] = [{"prompt": list(c.prompt), "params": c.params.to_json()} for c in family]
     return Entry(
@@ -181,6 +238,7 @@ def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | Non
         evidence=j.verdict.evidence,
         extra={"broken_condition": j.broken_condition, "optimal_samples": j.to_json()["optimal_samples"],
                "dtype": run.dtype, "engine_default": _engine_default(run.case),
-               "acceptance": {"proposed": run.proposed, "accepted": run.accepted}},
+               "acceptance": {"proposed": run.proposed, "accepted": run.accepted},
+               **({"launch": run.launch} if run.launch is not None else {})},
     )
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+
+from specfuzz.cli_input import ALPHA, COUNT, DURATION, ENGINE, SEED, WRITABLE_DIR, writable_dir_problem
 from rich.table import Table
 from rich.text import Text
 
@@ -92,14 +94,14 @@ def _method_cell(case: dict) -> str:
 
 
 @click.command("triage")
-@click.argument("corpus_dir", default="corpus", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("corpus_dir", default="corpus", required=False, type=click.Path(path_type=Path))
 @click.option("--rerun", is_flag=True, help="Re-confirm every entry on the installed engine and update its status in place.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema: docs/triage-schema.json).")
-@click.option("--samples", default=2000, show_default=True, help="--rerun: samples per re-run (fewer if it fails earlier).")
-@click.option("--alpha", default=1e-3, show_default=True, help="--rerun: level of each re-run's test.")
-@click.option("--seed", default=12345, show_default=True, help="--rerun: first request seed (fresh: not the campaign's).")
-@click.option("--engine", default=None, help="--rerun: run every entry on this engine instead of its own.")
-@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--samples", default=2000, show_default=True, type=COUNT, help="--rerun: samples per re-run (fewer if it fails earlier).")
+@click.option("--alpha", default=1e-3, show_default=True, type=ALPHA, help="--rerun: level of each re-run's test.")
+@click.option("--seed", default=12345, show_default=True, type=SEED, help="--rerun: first request seed (fresh: not the campaign's).")
+@click.option("--engine", default=None, type=ENGINE, help="--rerun: run every entry on this engine instead of its own.")
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
 def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha: float, seed: int,
                engine: str | None, work_dir: Path) -> None:
     """Group corpus entries by signature: engine, broken condition, effect size, evidence, status.
@@ -111,10 +113,12 @@ def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha
 
     err = Console(stderr=True)
     if not corpus_dir.is_dir():
-        if as_json:
-            err.print(f"[yellow]no corpus folder at {corpus_dir}[/yellow]")
-        else:
-            Console().print(f"[yellow]no corpus folder at {corpus_dir}[/yellow]")
+        raise click.BadParameter(f"{str(corpus_dir)!r}: {'not a folder' if corpus_dir.exists() else 'no such folder'}; "
+                                 "a corpus folder", param_hint="CORPUS_DIR")
+    if rerun:
+        why = writable_dir_problem(corpus_dir)
+        if why is not None:
+            raise click.BadParameter(f"{str(corpus_dir)!r}: {why}; --rerun updates entries in place", param_hint="CORPUS_DIR")
     report = triage(corpus_dir)
     if rerun and report.reports:
         with Rerunner(samples=samples, alpha=alpha, seed=seed, work_dir=work_dir, engine=engine,
@@ -128,28 +132,54 @@ def triage_cmd(corpus_dir: Path, rerun: bool, as_json: bool, samples: int, alpha
 
 @click.command("draft")
 @click.argument("entry", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", default=None, type=WRITABLE_DIR,
               help="Output folder (default: drafts/<entry file stem>/).")
 @click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where to look ENTRY up when it is a signature or file stem rather than a path.")
-@click.option("--samples", default=None, type=int, help="Samples the repro script draws by default (default: chosen per entry).")
-@click.option("--top", default=12, show_default=True, help="Rows of the expected-vs-observed table.")
-def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int | None, top: int) -> None:
+@click.option("--samples", default=None, type=COUNT, help="Samples the repro script draws by default (default: chosen per entry).")
+@click.option("--top", default=12, show_default=True, type=COUNT, help="Rows of the expected-vs-observed table.")
+@click.option("--verify", is_flag=True,
+              help="Then run the new repro.py on the installed engine and record what it printed (PASS/FAIL/crash, "
+                   "engine version, date) in ISSUE.md.")
+@click.option("--verify-timeout", default="15m", show_default=True, type=DURATION, help="--verify: time the repro may run.")
+def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int | None, top: int, verify: bool,
+              verify_timeout: float) -> None:
     """Draft an upstream issue for a corpus entry: ISSUE.md, plot.png and a standalone repro.py."""
+    from specfuzz.cli_input import read_entry_file
     from specfuzz.fuzz.draft import DraftError, draft_entry, resolve_entry
+    from specfuzz.fuzz.draft.verify import verify_draft
 
     try:
         path = resolve_entry(entry, corpus_dir)
-        out = out_dir if out_dir is not None else Path("drafts") / path.stem
+    except DraftError as exc:
+        raise click.BadParameter(f"{str(entry)!r}: {str(exc).split(': ', 1)[-1]}; a corpus entry file, or a signature "
+                                 "or file stem of one under --corpus", param_hint="ENTRY") from None
+    entry_obj = read_entry_file(path, "ENTRY")  # a file that is not an entry: one line, exit 2
+    if getattr(entry_obj, "kind", None) == "swap":
+        raise click.BadParameter(
+            f"{str(entry)!r}: a swap entry (stale weights after an in-place table swap: a bug in the engine's weight-update "
+            "path, not in its sampler); specfuzz drafts issues for finding, calibration and crash entries only (the entry's "
+            "extra.event holds the failed table check and the fresh start's)", param_hint="ENTRY")
+    out = out_dir if out_dir is not None else Path("drafts") / path.stem
+    if out_dir is None:
+        why = writable_dir_problem(out)
+        if why is not None:
+            raise click.BadParameter(f"{str(out)!r}: {why}; pass --out", param_hint="--out")
+    try:
         result = draft_entry(path, out, samples=samples, top=top)
     except DraftError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.UsageError(str(exc)) from None
     console = Console()
     console.print(f"[bold]{result.title}[/bold]", highlight=False)
     for p in result.files:
         console.print(f"  wrote {p}", highlight=False)
     console.print(f"run the repro: [cyan]python {result.files[-1]}[/cyan]" + (f" ({result.repro_hint})" if result.repro_hint else ""),
                   highlight=False)
+    if verify:
+        console.print(f"verifying: running {result.files[-1]} on the installed engine ...", highlight=False)
+        v = verify_draft(out, timeout_s=verify_timeout)
+        console.print(f"repro.py: {v.outcome} in {v.seconds:.0f} s ({v.engine_line or 'no engine line'}); "
+                      f"recorded in {out / 'ISSUE.md'}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - for `python -m specfuzz.fuzz.triage_cli`

