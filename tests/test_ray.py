@@ -275,7 +275,7 @@ print(n1 != n2, min(x for x in first if x >= 900), second[0], len(second))
     (["--ray", "--gpus-per-engine", "-1"], "--gpus-per-engine"),
     (["--ray", "--engines", "0"], "--engines"),
     (["--ray", "{address}", "--engines", "99"], "--engines"),
-    (["--ray", "{address}", "--gpus-per-engine", "0.5", "--engine", "vllm"], "--gpus-per-engine"),
+    (["--ray", "{address}", "--gpus-per-engine", "0.5"], "--gpus-per-engine"),
 ])
 def test_bad_ray_options_are_refused_with_one_line(cluster, tmp_path, args, name):
     args = [a.format(address=cluster["address"]) for a in args]
