@@ -116,10 +116,18 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
               help="Write a JUnit XML report here: a failed test per new entry (its drafted ISSUE.md as text), a skipped one per known entry met again.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write a JSON report here (schema: docs/results-schema.json).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run on Ray: engine actors search, this process alone writes the corpus. Alone: a new local cluster; 'auto': the cluster running here; or HOST:PORT.")
+@click.option("--engines", default=None, type=Number(1, 4096, integer=True),
+              help="With --ray: engine actors (default: one per GPU; CPU engines: one per CPU).")
+@click.option("--gpus-per-engine", default=None, type=Number(0, 64),
+              help="With --ray: GPUs per engine actor (0.25 packs four engines on a GPU; 0: CPU actors). Default: 1 on a cluster with GPUs (reference engine: 0).")
+@click.option("--cpus-per-engine", default=1.0, show_default=True, type=Number(0, 1024, lo_open=True),
+              help="With --ray: CPUs per engine actor.")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
              dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, reset_state, junit_out, json_out,
-             worker_index) -> None:
+             ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
 
     Exit status: 0 nothing new (known entries met again included), 1 a new finding or
@@ -129,6 +137,10 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
 
     # Everything is checked before anything is written or started.
     budget_s = float(budget)
+    if ray_address is None and (engines is not None or gpus_per_engine is not None):
+        raise click.BadParameter("--engines and --gpus-per-engine: only with --ray", param_hint="--ray")
+    if ray_address is not None and workers > 1:
+        raise click.BadParameter(f"{workers}: 1 with --ray (--engines sets the engine actors)", param_hint="--workers")
     meth: tuple[str, ...] | None
     if not methods:
         meth = None
@@ -170,6 +182,9 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         if display is not None:
             display.update(msg, stats)
 
+    if ray_address is not None:
+        _fuzz_on_ray(cfg, ray_address, engines, gpus_per_engine, cpus_per_engine, display, on_event, meth, max_vocab)
+        return
     campaign = Campaign(cfg, on_event=on_event)  # refuses a damaged campaign state (InvalidInput)
     try:
         _check_methods(campaign.engine.capabilities(), meth, max_vocab)
@@ -249,6 +264,56 @@ def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, 
                                drafts_dir=None if work_dir is None else Path(work_dir) / "drafts")
         write_reports(results, json_path=json_out, junit_path=junit_out)
     finish(code)
+
+
+def _fuzz_on_ray(cfg, address: str, engines, gpus_per_engine, cpus_per_engine, display, on_event, methods,
+                 max_vocab: int) -> None:
+    """``fuzz --ray``: the campaign on Ray (specfuzz.fuzz.ray_driver), then its summary.
+    The campaign state and the methods are checked here first, as without Ray (the
+    methods where the engine can be loaded here: a driver node need not have it)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from specfuzz.engines.isolation import IsolatedEngine, load_engine_class
+    from specfuzz.errors import SpecfuzzError
+    from specfuzz.fuzz.campaign import Campaign
+    from specfuzz.fuzz.corpus import Corpus
+    from specfuzz.fuzz.display import print_ray_summary, print_summary
+    from specfuzz.fuzz.ray_driver import RayOptions, run_ray_campaign
+
+    state = SimpleNamespace(state_path=Path(cfg.corpus_dir) / ".specfuzz" / "state.json", cfg=cfg)
+    Campaign._load_state(state)  # type: ignore[arg-type]  # a damaged state: refused; --reset-state: set aside
+    for note in getattr(state, "state_notes", ()):
+        console.print(f"[yellow]{note}[/yellow]", highlight=False, soft_wrap=True)
+    if hasattr(cfg, "reset_state"):
+        cfg = dataclasses.replace(cfg, reset_state=False)
+    try:
+        load_engine_class(cfg.engine)
+    except SpecfuzzError:
+        pass  # not importable here: the engine actors check it
+    else:
+        eng = IsolatedEngine(cfg.engine, cfg.engine_kwargs, log_dir=Path(cfg.work_dir) / "logs")
+        try:
+            _check_methods(eng.capabilities(), methods, max_vocab)
+        finally:
+            eng.close()
+    opts = RayOptions(address=None if address == "local" else address, engines=engines,
+                      gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine)
+    if display is not None:
+        with display:
+            outcome = run_ray_campaign(cfg, opts, on_event=on_event)
+    else:
+        outcome = run_ray_campaign(cfg, opts, on_event=on_event)
+    if isinstance(outcome.fatal, SpecfuzzError):
+        raise outcome.fatal
+    if outcome.fatal is not None and not isinstance(outcome.fatal, KeyboardInterrupt):
+        console.print(f"[red]error:[/red] an engine actor's searches failed: {str(outcome.fatal)[-2000:]}")
+    print_summary(console, cfg, outcome.stats, Corpus(cfg.corpus_dir), outcome.totals)
+    print_ray_summary(console, outcome)
+    if isinstance(outcome.fatal, KeyboardInterrupt):
+        sys.exit(130)
+    if outcome.fatal is not None:
+        sys.exit(1)
 
 
 # Each campaign process runs up to this many engines at once (searching, speculation-off

@@ -52,6 +52,7 @@ from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
 from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json, now_iso
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
+from specfuzz.fuzz.exampledb import FailuresOnly
 from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
 from specfuzz.oracle.budget import SCREEN_ALPHA, AlphaSpender
@@ -633,6 +634,12 @@ class Campaign:
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
         )
 
+    def _example_database(self):
+        """The Hypothesis example database of every search: the failing examples (not the
+        targeting phase's Pareto front) under ``.specfuzz/hypothesis``; a Ray campaign's
+        engine actors share one through the driver (fuzz/exampledb.py)."""
+        return FailuresOnly(DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis")))
+
     def _slice_s(self) -> float:
         """A search's time slice: SLICE_START_FACTOR x the engine's mean start time (at least
         SEARCH_SLICE_MIN_S), at most budget / (2 x methods) when that is longer than the minimum."""
@@ -677,12 +684,13 @@ class Campaign:
         # Each shape keys its own examples in the database (a stored failure is replayed on
         # the shape it was found on).
         search._hypothesis_internal_add_digest = shape_key.encode()  # type: ignore[attr-defined]
-        search = hyp_seed(search_seed)(settings(
-            database=DirectoryBasedExampleDatabase(str(self.state_dir / "hypothesis")),
+        # The settings go on last: @seed under them would switch the database off.
+        search = settings(
+            database=self._example_database(),
             max_examples=EXAMPLES_PER_SEARCH, deadline=None, derandomize=False, print_blob=False,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
-        )(given(strategy)(search)))
+        )(hyp_seed(search_seed)(given(strategy)(search)))
 
         def run_example(cases: list[Case]) -> None:
             if self._left() <= 0:

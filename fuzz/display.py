@@ -123,3 +123,38 @@ def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | N
         console.print(t)
     elif stats.findings_new == 0:
         console.print("No new findings.")
+
+
+def print_ray_summary(console: Console, outcome) -> None:
+    """A Ray campaign's engine actors and hosts (families, samples, starts, families per
+    minute) and its scaling efficiency against a one-actor run of the same engine."""
+    from specfuzz.fuzz.ray_driver import summary_rows
+
+    rows = summary_rows(outcome.snapshot, outcome.run)
+    run = outcome.run
+    t = Table(title=f"ray: {run['engines']} engine actors ({run['gpus_per_engine']:g} GPU each) on {run['hosts']} host(s) ({run.get('nodes', run['hosts'])} Ray nodes), "
+                    f"{run['wall_s']:.0f} s, {run['actor_deaths']} actor deaths")
+    for col in ("actor", "host", "GPU", "srch", "fam", "samples", "starts", "swaps", "f/min", ""):
+        t.add_column(col, justify="right" if col not in ("actor", "host", "") else "left")
+    for r in rows["actors"]:
+        t.add_row(r["actor"], str(r["host"]), r["gpus"], str(r["searches"]), str(r["families"]), f"{r['samples']:,}",
+                  str(r["starts"]), str(r["swaps"]), f"{r['fpm']:.1f}", "died" if r["status"] != "ok" else "")
+    console.print(t)
+    for r in rows["actors"]:
+        if r["status"] != "ok":
+            console.print(f"actor {r['actor']} {r['status']}")
+    h = Table(title="ray: per host (families per minute of campaign time)")
+    for col in ("host", "actors", "families", "samples", "fam/min"):
+        h.add_column(col, justify="left" if col == "host" else "right")
+    for r in rows["hosts"]:
+        h.add_row(r["host"], str(r["actors"]), str(r["families"]), f"{r['samples']:,}", f"{r['fpm']:.1f}")
+    console.print(h)
+    base = rows["baseline"]
+    if rows["efficiency"] is not None:
+        console.print(f"scaling: {run['fpm']:.1f} families/min with {run['engines']} actors vs {base['fpm']:.1f} with one "
+                      f"({base['time']}): efficiency {rows['efficiency']:.0%}")
+    elif run["engines"] > 1:
+        console.print(f"scaling: {run['fpm']:.1f} families/min with {run['engines']} actors; no one-actor run of "
+                      f"{run['engine']} on this corpus yet to compare with (`--engines 1` records one)")
+    else:
+        console.print(f"one actor: {run['fpm']:.1f} families/min (the baseline later runs with more actors compare with)")

@@ -1,0 +1,385 @@
+"""Engine actors of a Ray campaign: each runs searches on its own engine, stores nothing itself.
+
+An :class:`EngineActor` (a Ray actor with ``num_gpus`` = ``--gpus-per-engine``, or CPUs
+only for a CPU engine) holds one :class:`ActorCampaign`: the campaign of
+``fuzz/campaign.py`` whose engine, Hypothesis search, oracle, shrinking and calibration
+run here, in the actor, with their own work folder (checkpoints and engine logs) on the
+actor's node. What a campaign would write goes to the driver instead:
+
+* corpus entries (found, seen again, crashes, stale-weight swaps): ``hub.store``;
+* whether a signature or crash is known, and the simplest families already run: asked of
+  the hub when needed, so a bug another host stored a moment ago is not shrunk twice;
+* every test's and confirmation's α: taken from the hub's α budget;
+* totals, counters, swap events and messages: reported to the hub after every family;
+* the Hypothesis database: :class:`~specfuzz.fuzz.exampledb.RayExampleDatabase`;
+* each family's patterns, before it runs (``hub.begin_family``), so that the driver can
+  retry it elsewhere if this actor dies.
+
+The driver hands out searches by index (``search(index, left_s)``); each search index has
+its own seed (campaign seed x 100,000 + index, as without Ray), so the searches of
+different actors differ, and the start shape follows the index as it does without Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from specfuzz.case import Case
+from specfuzz.fuzz import campaign as _campaign
+from specfuzz.fuzz.campaign import (
+    BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver,
+)
+from specfuzz.fuzz.corpus import Entry
+
+# Engine seeds of a retried family's runs: RETRY_SEED x (search index + 1) and up (screening
+# seeds are search seed x 1,000,003 plus offsets, so these do not repeat a search's).
+RETRY_SEED = 7_000_003
+# CampaignStats fields an actor reports (numbers; the driver adds them up).
+REPORTED_STATS = tuple(f.name for f in dataclasses.fields(CampaignStats)
+                       if f.type in ("int", "float", int, float) and f.name != "started")
+
+
+def _get(ref):
+    import ray
+
+    return ray.get(ref)
+
+
+class HubCorpus:
+    """The corpus as an actor sees it: stores go to the driver's hub."""
+
+    def __init__(self, hub, found_by: dict) -> None:
+        self.hub = hub
+        self.found_by = found_by
+        self.root = Path("<driver>")
+
+    def store(self, entry: Entry) -> tuple[Path, bool]:
+        entry.extra.setdefault("found_by", json.loads(json.dumps(self.found_by)))
+        name, new = _get(self.hub.store.remote(entry.to_json()))
+        return Path(name), new
+
+    def entries(self):
+        return iter(())
+
+
+class HubSet:
+    """A set kept by the hub (known signatures, shrunk crash keys, simplest families run)."""
+
+    def __init__(self, hub, which: str) -> None:
+        self.hub, self.which = hub, which
+
+    def __contains__(self, item: object) -> bool:
+        return bool(_get(self.hub.contains.remote(self.which, item)))
+
+    def add(self, item: str) -> None:
+        self.hub.add.remote(self.which, item)
+
+    def __iter__(self):
+        return iter(_get(self.hub.members.remote(self.which)))
+
+
+class HubSpender:
+    """The campaign's α sequence, taken from the hub: ``peek`` takes the next level (and
+    holds it until ``next``), so a level is never given to two tests on two actors."""
+
+    def __init__(self, hub) -> None:
+        self.hub = hub
+        self._held: float | None = None
+
+    def peek(self) -> float:
+        if self._held is None:
+            self._held = float(_get(self.hub.take_alpha.remote()))
+        return self._held
+
+    def next(self) -> float:
+        a = self.peek()
+        self._held = None
+        return a
+
+
+class HubLedger:
+    """The campaign's confirmation ledger (fuzz/ledger.py), kept by the hub."""
+
+    def __init__(self, hub) -> None:
+        self.hub = hub
+
+    def spend(self) -> tuple[int, float]:
+        return tuple(_get(self.hub.spend.remote()))  # type: ignore[return-value]
+
+    def read(self):
+        return _get(self.hub.budget.remote())
+
+
+class ActorCampaign(Campaign):
+    """A campaign whose stores, α, shared sets, state and database live on the driver."""
+
+    def __init__(self, config: CampaignConfig, hub, store, key: str, info: dict) -> None:
+        # The parent's files (state, events, an empty corpus) go to a scratch folder of
+        # this actor; everything that is kept goes to the hub.
+        super().__init__(config)
+        self.hub, self.key = hub, key
+        self.corpus = HubCorpus(hub, {"actor": key, "host": info.get("host")})
+        self.known = HubSet(hub, "known")
+        self.known_crashes = HubSet(hub, "known_crashes")
+        self.simplest_run = HubSet(hub, "simplest")
+        if hasattr(self, "ledger"):  # two-stage α budget: confirmations spend from the driver's ledger
+            self.ledger = HubLedger(hub)
+            self.seen_again = HubSet(hub, "seen_again")
+        else:  # per-family α: every level taken from the driver's sequence
+            self.spender = HubSpender(hub)
+        self.on_event = self._message
+        self._messages: list[str] = []
+        self._events_at = 0
+        self._db = None
+        self._store_handle = store
+        self._profile = None
+
+    def _example_database(self):
+        if self._db is None:
+            from specfuzz.fuzz.exampledb import FailuresOnly, RayExampleDatabase
+
+            self._db = FailuresOnly(RayExampleDatabase(self._store_handle))
+        return self._db
+
+    def _message(self, message: str, stats) -> None:  # noqa: ARG002
+        if message:
+            self._messages.append(message)
+
+    def _save_state(self) -> None:
+        now = time.monotonic()
+        wall = now - self._t_saved
+        self.totals["seconds"] = round(self.totals["seconds"] + wall, 1)
+        self._t_saved = now
+        self._account(wall)
+        self.hub.report.remote(self.key, self.totals, self.stats_dict(), self._new_events(), self._messages)
+        self._messages = []
+
+    def stats_dict(self) -> dict:
+        return {k: getattr(self.stats, k) for k in REPORTED_STATS}
+
+    def _new_events(self) -> list[str]:
+        try:
+            with open(self.events_path) as f:
+                f.seek(self._events_at)
+                text = f.read()
+                self._events_at = f.tell()
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if line.strip()]
+
+    def _run(self, cases, alphas, seed, speculation=True, engine=None, fresh=False):
+        role = "calibration" if engine is not None and engine is self._spec_off_engine else ("fresh" if fresh else "search")
+        _get(self.hub.begin_family.remote(self.key, {
+            "cases": [c.to_json() for c in cases], "speculation": speculation, "role": role,
+            "search": self.search_index, "engine": self._version_or_name(),
+        }))
+        try:
+            return super()._run(cases, alphas, seed, speculation=speculation, engine=engine, fresh=fresh)
+        finally:
+            self.hub.end_family.remote(self.key)
+
+    def _version_or_name(self) -> dict:
+        try:
+            return dict(self.engine.version())
+        except Exception:  # noqa: BLE001 - a crashing engine still has a name
+            return {"name": self.cfg.engine}
+
+    def search(self, index: int, left_s: float) -> dict:
+        """One search (the body of Campaign.run's loop for search ``index``)."""
+        t0 = time.monotonic()
+        self.deadline = t0 + left_s
+        self.search_index = index
+        self.stats.searches += 1
+        self.shape = self._shape(index)
+        shape_key = hashlib.sha256(repr(self.shape).encode()).hexdigest()[:16]
+        eng = self.totals["engine"]
+        eng["searches"] += 1
+        eng["shapes"][self.shape.variant] = eng["shapes"].get(self.shape.variant, 0) + 1
+        self.on_event(f"search {index}: {self.shape.describe()}", self.stats)
+        families = self.stats.cases
+        found = None
+        try:
+            found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + index, shape_key)
+            if found is not None:
+                self._store_failure(*found[1:])  # (run, confirmation[, confirmation index])
+        except BudgetExhausted:
+            pass
+        finally:
+            self._save_state()
+            self._shrinking = False
+        return {"index": index, "shape": self.shape.describe(), "families": self.stats.cases - families,
+                "found": None if found is None else (found[1].judgement.attribution.label if found[1].judgement.attribution else "unknown"),
+                "seconds": round(time.monotonic() - t0, 2)}
+
+    def retry(self, record: dict, left_s: float) -> dict:
+        """A family whose actor died, run again here on a fresh engine. A crash is stored
+        (unshrunk, as a crash met while shrinking something else is: a search that meets it
+        again shrinks it); a failure is confirmed, shrunk greedily (fuzz/shrink.py, every
+        reduction re-run on fresh samples, the result confirmed again on a fresh engine)
+        and stored; a pass is counted like any family."""
+        self.deadline = time.monotonic() + left_s
+        self.search_index = int(record.get("search") or 0)
+        cases = [Case.from_json(c) for c in record["cases"]]
+        speculation = bool(record.get("speculation", True))
+        if self._profile is None:
+            self._profile = self.engine.capabilities().profile
+        seed = RETRY_SEED * (self.search_index + 1)
+        runs = self._run(cases, [self._screen_alpha()] * len(cases), seed, speculation=speculation, fresh=True)
+        self.stats.cases += 1
+        self.stats.patterns += len(cases)
+        self._count(cases, runs, speculation)
+        self.corpus.found_by["retry_of"] = record.get("actor")
+        out = {"retried": True, "crash": None, "failed": False}
+        try:
+            crash = next((r.crash for r in runs if r.crash is not None), None)
+            if crash is not None:
+                self._record_crash(cases[0], crash, cases)
+                out["crash"] = crash.kind
+                return out
+            for r in runs:
+                if not r.failed:
+                    continue
+                if self._entry_for(r).signature in self.known:
+                    continue  # a known bug: the searches mark it seen again
+                conf = self._confirm_fresh(r, speculation, seed + 1)
+                if not conf[0].failed:
+                    continue
+                self._shrinking = True
+                self.on_event(f"failure ({_label(r)}) in a retried family; shrinking", self.stats)
+                run, conf = self._greedy_shrink(r, conf, speculation, seed + 2)
+                self._store_failure(run, *conf)
+                out["failed"] = True
+                break
+            return out
+        finally:
+            self.corpus.found_by.pop("retry_of", None)
+            self._save_state()
+            self._shrinking = False
+
+    def _screen_alpha(self) -> float:
+        """A family's test level: the fixed screening level (two-stage budget), else the
+        next level of the per-family sequence."""
+        if hasattr(self.cfg, "screen_alpha"):
+            return self.cfg.screen_alpha
+        return self.spender.next()
+
+    def _confirm_fresh(self, run, speculation: bool, seed: int) -> tuple:
+        """``run``'s pattern on fresh samples, on a freshly started engine, at the
+        campaign's confirmation level: (confirmation,) or (confirmation, j) where
+        confirmations spend from the ledger (Campaign._confirm)."""
+        if hasattr(self, "_confirm"):
+            return tuple(self._confirm(run, speculation))
+        factor = getattr(_campaign, "CONFIRM_FACTOR", 0.1)  # the per-family scheme's stricter level
+        conf = self._run([run.case], [self.spender.peek() * factor], seed, speculation=speculation, fresh=True)[0]
+        self.spender.next()
+        return (conf,)
+
+    def _greedy_shrink(self, run, conf: tuple, speculation: bool, seed: int):
+        """The smallest case that still fails with the same attribution (fuzz/shrink.py; its
+        candidates only choose, they store nothing), confirmed on a fresh engine; the
+        unshrunk (run, conf) when no reduction confirms."""
+        from specfuzz.fuzz.shrink import entry_reproducer, shrink
+
+        entry = self._entry_for(run)
+        repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
+                                 alpha=self._screen_alpha(), seed=seed, dtype=self.cfg.dtype,
+                                 settings=dict(self.cfg.engine_settings) or None)
+        res = shrink(run.case, repro, budget_s=max(0.0, self._left()), speculation=speculation)
+        self.corpus.found_by["shrunk_by"] = {"greedy": res.steps, "tried": res.tried, "minimal": not res.budget_exhausted}
+        if not res.kept or res.last_run is None:
+            return run, conf
+        small = self._confirm_fresh(res.last_run, speculation, seed + 1)
+        if small[0].failed and _label(small[0]) == _label(run):
+            return res.last_run, small
+        self.corpus.found_by["shrunk_by"]["kept"] = "unshrunk: the shrunk case did not confirm"
+        return run, conf
+
+
+def _label(run) -> str | None:
+    j = run.judgement
+    return None if j is None or j.attribution is None else j.attribution.label
+
+
+class EngineActor:
+    """One engine and its searches (run as a Ray actor; see the module docstring)."""
+
+    def __init__(self, config: dict, hub, store, rank: int, incarnation: int, run_id: str) -> None:
+        import ray
+
+        self.key = f"a{rank}.{incarnation}"
+        ctx = ray.get_runtime_context()
+        self.info = {"rank": rank, "incarnation": incarnation, "host": socket.gethostname(), "pid": os.getpid(),
+                     "node": ctx.get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
+                     "specfuzz": _specfuzz_version()}
+        self.broken: str | None = None
+        try:
+            work = _work_dir(Path(config["work_dir"]), run_id, self.key)
+            cfg = CampaignConfig(**dict(config, corpus_dir=work / "scratch", work_dir=work, worker=0))
+            self.campaign = ActorCampaign(cfg, hub, store, self.key, self.info)
+            _preflight(self.campaign)
+        except Exception as exc:  # noqa: BLE001 - reported by every call, so the driver stops the campaign
+            self.broken = f"engine actor {self.key} on {self.info['host']} cannot run a campaign: " \
+                          f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
+        ray.get(hub.register.remote(self.key, self.info))
+
+    def describe(self) -> dict:
+        return dict(self.info, key=self.key)
+
+    def search(self, index: int, left_s: float) -> dict:
+        if self.broken:
+            raise RuntimeError(self.broken)
+        return dict(self.campaign.search(index, left_s), actor=self.key)
+
+    def retry(self, record: dict, left_s: float) -> dict:
+        if self.broken:
+            raise RuntimeError(self.broken)
+        return dict(self.campaign.retry(record, left_s), actor=self.key)
+
+    def close(self) -> None:
+        for e in getattr(getattr(self, "campaign", None), "_engines", ()):
+            e.close()
+
+
+def _preflight(campaign: ActorCampaign) -> None:
+    """What every search needs on this node, tried once: the engine answers (its
+    capabilities) and a table model's checkpoints can be written (tablegen's imports)."""
+    import numpy as np
+
+    from specfuzz.engines.checkpoints import materialize
+
+    campaign.engine.capabilities()
+    materialize(Case(target_table=np.zeros((2, 2), dtype=np.float32), prompt=(0,)),
+                Path(campaign.cfg.work_dir) / "checkpoints", campaign.cfg.dtype)
+
+
+def _specfuzz_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specfuzz")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _work_dir(base: Path, run_id: str, key: str) -> Path:
+    """This actor's own work folder: under the campaign's --work-dir where this node can
+    write it, else under the node's temporary folder."""
+    for root in (base, Path(tempfile.gettempdir()) / "specfuzz-ray"):
+        d = root / "ray" / run_id / key
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            return d
+        except OSError:
+            continue
+    raise OSError(f"no writable work folder for engine actor {key}")
+
+
+__all__ = ["EngineActor", "ActorCampaign", "HubCorpus", "HubSet", "HubSpender", "PatternFailed", "SearchSliceOver"]
