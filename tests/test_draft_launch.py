@@ -262,7 +262,11 @@ def test_the_templates_ship_in_the_wheel(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for d in ("core", "oracle", "tablegen", "strategies", "fuzz", "engines"):
+    # Every folder the package maps (pyproject's package-dir), so a new subpackage cannot break this.
+    import tomllib
+
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    for d in sorted(set(dirs)):
         shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
