@@ -297,3 +297,24 @@ def test_a_crash_repro_sends_the_request_as_a_batch_like_the_campaign(tmp_path):
     assert "batch crash engine: 600 requests" in batch.stderr  # the campaign's default --batch
     single = run("--batch", "1")
     assert single.returncode == 0 and single.stdout.strip().splitlines()[-1] == "PASS", single.stdout + single.stderr
+
+
+def test_a_crash_repro_says_fail_when_the_engine_kills_the_process_that_started_it(tmp_path):
+    """An engine that takes down the process it runs in (a segfault here; SGLang's scheduler
+    signals its parent to kill its process tree) still gets a verdict: the crash runner starts
+    the engine in a child process and prints FAIL when that process dies."""
+    import os
+
+    base = json.loads((ROOT / "corpus" / "regression" / "regression-N1.json").read_text())
+    case = dict(base["case"], params=dict(base["case"]["params"], top_k=2, max_tokens=2))
+    e = Entry(kind="crash", engine={"name": "topk-crash", "engine_spec": "example_engines:TopKCrashEngine"},
+              case=case, evidence="engine signal: engine process killed by SIGSEGV during generate",
+              extra={"crash_kind": "signal"})
+    p = tmp_path / "crash-segv.json"
+    p.write_text(json.dumps(e.to_json()))
+    out = draft_entry(p, tmp_path / "d").out_dir
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "repro.py", "--engine-class", "example_engines:TopKCrashEngine", "--batch", "1"],
+                         cwd=out, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 1 and res.stdout.strip().splitlines()[-1] == "FAIL", res.stdout + res.stderr
+    assert "killed by signal SIGSEGV" in res.stdout, res.stdout

@@ -29,6 +29,8 @@ def main(argv=None):
     ap.add_argument("--keep", default=None, help="write the checkpoints here (kept) instead of a temporary folder")
     add_engine_arguments(ap)
     args = ap.parse_args(argv)
+    if CRASH and os.environ.get(CRASH_CHILD_ENV) != "1":
+        return run_crash_in_child(sys.argv[1:] if argv is None else list(argv))
     root = args.keep or tempfile.mkdtemp(prefix="specfuzz-repro-")
     ckpt = Checkpoints(root)
     print(describe(args))
@@ -55,6 +57,34 @@ def main(argv=None):
     report(counts, mu, mud, log_e, args.top, args.alpha)
     print("FAIL" if log_e >= threshold else "PASS")
     return 1 if log_e >= threshold else 0
+
+
+CRASH_CHILD_ENV = "SPECFUZZ_REPRO_CRASH_CHILD"
+
+
+def run_crash_in_child(argv):
+    """A crash finding: this script again in a child process of its own session, which starts the
+    engine and runs the requests (run_crash). The verdict is printed here, so that a crash that
+    takes down the process that started the engine still ends in FAIL: a segfault, or SGLang,
+    whose scheduler on failure signals its parent process to kill its whole process tree."""
+    import signal
+    import subprocess
+
+    env = dict(os.environ, **{CRASH_CHILD_ENV: "1"})
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv], env=env, start_new_session=True)
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
+    sys.stdout.flush()
+    if code in (0, 1):
+        return code  # the child printed PASS (0) or FAIL (1) itself
+    how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    print(f"the engine's process died ({how}) at start or on the request sequence: the engine took down the "
+          "process that started it")
+    print("FAIL")
+    return 1
 
 
 def run_crash(ckpt, args):
