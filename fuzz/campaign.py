@@ -64,6 +64,13 @@ STATE_SCHEMA_VERSION = 2
 # Examples per Hypothesis search; the campaign runs searches with new seeds until its
 # budget is spent. Bounded so that Hypothesis's own phases (targeting) end too.
 EXAMPLES_PER_SEARCH = 300
+# Shrinking one failure (Hypothesis's shrink phase, then the greedy shrinker of
+# fuzz/shrink.py, which also narrows the vocabulary below the search's start shape) stops
+# after max(SHRINK_MIN_S, SHRINK_SHARE x budget): what it kept so far is stored, and
+# `specfuzz shrink` goes on from there. Without a cap, one failure (often a variant of a
+# known engine bug met with other sampling settings) took the rest of the campaign.
+SHRINK_MIN_S = 60.0
+SHRINK_SHARE = 0.15
 # Shortest time slice of one search (see Campaign._slice_s).
 SEARCH_SLICE_MIN_S = 20.0
 # A search runs at least this many times the engine's (typical) start time, so that an
@@ -346,6 +353,7 @@ class Campaign:
         self._engines: list[IsolatedEngine] = [self.engine]
         self._acct = {"start": 0.0, "swap": 0.0, "sample": 0.0}  # engine seconds already added to totals
         self._shrinking = False  # a failure or crash is being shrunk, confirmed or stored
+        self._shrink_started = 0.0  # when this search's failure began shrinking (monotonic)
         self.shape: StartShape | None = None
         # Keys of the simplest families (one per method order) already run: Hypothesis
         # starts every search with its simplest example, and a slow engine's search sees
@@ -648,6 +656,35 @@ class Campaign:
         cap = max(SEARCH_SLICE_MIN_S, self.cfg.budget_s / (2 * max(1, len(self._methods()))))
         return min(cap, max(SEARCH_SLICE_MIN_S, SLICE_START_FACTOR * start_s))
 
+    def _shrink_cap_s(self) -> float:
+        return max(SHRINK_MIN_S, SHRINK_SHARE * self.cfg.budget_s)
+
+    def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple:
+        """A failure a search found and Hypothesis shrank, shrunk further by the greedy
+        shrinker (fuzz/shrink.py: smaller vocabulary, which a search's start shape fixes,
+        shorter prompt, fewer knobs), every reduction re-run on fresh samples and the result
+        confirmed again on a freshly started engine (at the next α_j of the ledger); the
+        Hypothesis result when no reduction confirms. Returns (cases, run, conf, j)."""
+        from specfuzz.fuzz.shrink import entry_reproducer, shrink
+
+        cases, run, conf, j = found
+        spent = time.monotonic() - self._shrink_started if self._shrink_started else 0.0
+        budget = min(self._left(), self._shrink_cap_s() - spent)
+        if budget <= 5:
+            return found
+        entry = self._entry_for(run)
+        repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
+                                 alpha=self.cfg.screen_alpha, seed=self.search_index * 7919 + 17, dtype=self.cfg.dtype,
+                                 settings=dict(self.cfg.engine_settings) or None)
+        res = shrink(run.case, repro, budget_s=budget, speculation=speculation)
+        if not res.kept or res.last_run is None or getattr(res.last_run, "judgement", None) is None:
+            return found
+        small, j2 = self._confirm(res.last_run, speculation)
+        if small.failed and _label_of(small) == _label_of(run):
+            self.on_event(f"greedy shrink: {'; '.join(res.steps)}", self.stats)
+            return [res.last_run.case], res.last_run, small, j2
+        return found
+
     def _search(self, strategy, search_seed: int, shape_key: str = "") -> tuple[list[Case], CaseRun, CaseRun, int] | None:
         """One Hypothesis run over one start shape; returns the smallest confirmed failure
         (family, run, confirmation, confirmation index). ``shape_key`` keys the shape's
@@ -676,6 +713,7 @@ class Campaign:
             if not shrink_t0:
                 self._save_state()  # the time so far was searching
                 shrink_t0.append(time.monotonic())
+                self._shrink_started = shrink_t0[0]
                 self._shrinking = True
 
         def search(cases: list[Case]) -> None:
@@ -696,6 +734,10 @@ class Campaign:
             if self._left() <= 0:
                 raise BudgetExhausted
             if not label_of_first and not crash_first and time.monotonic() > slice_end:
+                raise SearchSliceOver
+            if shrink_t0 and time.monotonic() - shrink_t0[0] > self._shrink_cap_s() / 2:
+                # Hypothesis's shrink phase had its half of the cap (the greedy shrinker of a
+                # failure gets the rest): every further call ends at once.
                 raise SearchSliceOver
             if simplest is not None and family_key(cases) == simplest:
                 # Every search opens with its simplest example: run it once per campaign.
@@ -876,8 +918,10 @@ class Campaign:
                 eng["searches"] += 1
                 eng["shapes"][self.shape.variant] = eng["shapes"].get(self.shape.variant, 0) + 1
                 self.on_event(f"search {self.search_index}: {self.shape.describe()}", self.stats)
+                self._shrink_started = 0.0
                 found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + self.search_index, shape_key)
                 if found is not None:
+                    found = self._greedy_shrink_found(found, not self.cfg.calibration_only)
                     _, run, conf, j = found
                     if armed:  # calibrating and storing may overrun the budget a little
                         signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + 120)
@@ -896,3 +940,8 @@ class Campaign:
             self._drain_events()
             self._save_state()
         return self.stats
+
+
+def _label_of(run: CaseRun) -> str | None:
+    j = run.judgement
+    return None if j is None or j.attribution is None else j.attribution.label

@@ -207,8 +207,10 @@ class ActorCampaign(Campaign):
         families = self.stats.cases
         found = None
         try:
+            self._shrink_started = 0.0
             found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + index, shape_key)
             if found is not None:
+                found = self._greedy_shrink_found(found, not self.cfg.calibration_only)
                 self._store_failure(*found[1:])  # (run, confirmation[, confirmation index])
         except BudgetExhausted:
             pass

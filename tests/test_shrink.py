@@ -158,21 +158,22 @@ def test_shrink_command_shrinks_a_stored_crash_on_a_real_engine_process(tmp_path
     entry = crash_entry(Eng(), _big_case(), EngineCrash("signal", "engine process killed by SIGSEGV during generate"), "topk-crash")
     entry.extra.update(shrunk=False, title="top-k crash")
     old_path, _ = Corpus(tmp_path / "c").store(entry)
-    # A first pass cut short by its budget (one candidate), then a second pass on its result:
+    # A first pass cut short by its budget (a candidate or two, as fast as the machine), then a second pass on its result:
     # the record of the shrinking adds up over the passes.
     r = CliRunner().invoke(main, ["shrink", str(old_path), "--engine", "example_engines:TopKCrashEngine",
                                   "--budget", "1s", "--work-dir", str(tmp_path / "wd")])
     assert r.exit_code == 0 and "budget exhausted" in r.output, r.output
     mid_path = next(p for p in (tmp_path / "c").glob("crash-*.json") if p != old_path)
     mid = json.loads(mid_path.read_text())["extra"]["shrunk_by"]
-    assert mid["passes"] == 1 and mid["minimal"] is False and len(mid["steps"]) == 1
+    assert mid["passes"] == 1 and mid["minimal"] is False and len(mid["steps"]) >= 1
     r = CliRunner().invoke(main, ["shrink", str(mid_path), "--engine", "example_engines:TopKCrashEngine",
                                   "--budget", "5m", "--work-dir", str(tmp_path / "wd")])
     assert r.exit_code == 0, r.output
     final = [json.loads(p.read_text()) for p in (tmp_path / "c").glob("crash-*.json") if p not in (old_path, mid_path)]
     assert len(final) == 1, r.output
     by = final[0]["extra"]["shrunk_by"]
-    assert by["passes"] == 2 and by["minimal"] is True and by["steps"][0] == mid["steps"][0] and len(by["steps"]) > 1
+    n = len(mid["steps"])
+    assert by["passes"] == 2 and by["minimal"] is True and by["steps"][:n] == mid["steps"] and len(by["steps"]) > n
     assert final[0]["extra"]["shrunk_from"] == mid_path.name
     for p in (tmp_path / "c").glob("crash-*.json"):
         if p not in (old_path,):
