@@ -185,6 +185,12 @@ DEFAULT_SEED = 0
 # A logits row that comes back as log-probabilities (vLLM 0.25 CUDA V1 prompt logprobs under
 # raw_logits) is compared with the table's float64 log-softmax within this (float32 rounding).
 LOGPROB_ROW_TOLERANCE = 1e-5
+# Log-probabilities come back in float32: besides the absolute tolerance, a compared value may
+# differ from the table's float64 log-softmax by this many float32 epsilons of its magnitude
+# (H200, vLLM 0.25, Model Runner V2: rows with table logits near -32768 came back 0.0013-0.0017
+# off, within one float32 spacing there, 0.0039, and failed a 1e-5 check).
+LOGPROB_FLOAT32_ULPS = 16
+_F32_EPS = 2.0 ** -23
 
 
 @dataclass(frozen=True)
@@ -934,12 +940,16 @@ class VLLMEngine(Engine):
         else:
             raise InvalidInput("logprobs_mode", mode, "'raw_logits' or 'raw_logprobs' for calibration")
 
-        def diffs(got: dict, ref: np.ndarray, ctx: int) -> list[tuple[int, float, float, float]]:
+        def diffs(got: dict, ref: np.ndarray, ctx: int, relative: bool) -> list[tuple[int, float, float, float]]:
+            """(token, engine, table, difference); ``relative``: float32 log-probabilities, the
+            difference net of LOGPROB_FLOAT32_ULPS float32 epsilons of the value's magnitude."""
             out = []
             for tok in range(V):
                 g = got.get(tok, -math.inf)
                 e = float(ref[ctx, tok])
                 d = abs(g - e) if math.isfinite(g) or math.isfinite(e) else 0.0
+                if relative and math.isfinite(d):
+                    d = max(0.0, d - LOGPROB_FLOAT32_ULPS * _F32_EPS * max(1.0, abs(e)))
                 out.append((tok, g, e, math.inf if math.isnan(d) else d))
             return out
 
@@ -948,12 +958,12 @@ class VLLMEngine(Engine):
         as_logprobs = 0
         for ctx, lp in rows:
             got = {int(k): float(v.logprob) for k, v in lp.items()}
-            row = diffs(got, expect, ctx)
+            row = diffs(got, expect, ctx, relative=mode == "raw_logprobs")
             if mode == "raw_logits" and any(d > tol for *_, d in row):
                 # vLLM 0.25 (CUDA, V1 runner) returns prompt logprobs as log-probabilities
                 # even under raw_logits: a row that is exactly the table's log-softmax (within
                 # 1e-5) still shows that the engine's logits are the table's.
-                alt = diffs(got, logsoftmax, ctx)
+                alt = diffs(got, logsoftmax, ctx, relative=True)
                 if all(d <= LOGPROB_ROW_TOLERANCE for *_, d in alt):
                     as_logprobs += 1
                     worst = max(worst, max(d for *_, d in alt))
@@ -962,11 +972,14 @@ class VLLMEngine(Engine):
                 worst = max(worst, d)
                 if d > tol:
                     bad.append((ctx, tok, g, e))
+        if mode == "raw_logprobs":
+            mode = f"{mode} (float32: tolerance {tol:g} + {LOGPROB_FLOAT32_ULPS} float32 epsilons of |log p|)"
         return LogitsReport(
             ok=not bad and len(rows) > 0,
             mode=mode if not as_logprobs else (
                 f"{mode} ({as_logprobs} of {len(rows)} rows came back as log-probabilities: compared with the "
-                f"table's log-softmax within {LOGPROB_ROW_TOLERANCE:g}; tolerance {tol:g} for the others)"),
+                f"table's log-softmax within {LOGPROB_ROW_TOLERANCE:g} + {LOGPROB_FLOAT32_ULPS} float32 epsilons of |log p|; "
+                f"tolerance {tol:g} for the others)"),
             positions=len(rows), max_abs_diff=worst,
             tolerance=tol, contexts=tuple(c for c, _ in rows), mismatches=tuple(bad),
         )
