@@ -669,9 +669,10 @@ class Campaign:
 
         cases, run, conf, j = found
         spent = time.monotonic() - self._shrink_started if self._shrink_started else 0.0
-        budget = min(self._left(), self._shrink_cap_s() - spent)
-        if budget <= 5:
-            return found
+        # The rest of the failure's shrinking cap, even past the campaign's budget (as
+        # calibrating and storing may overrun it): a finding is stored small or not at all
+        # before the campaign ends. At least 20 s: a failure found late still gets a few candidates.
+        budget = max(20.0, self._shrink_cap_s() - spent)
         entry = self._entry_for(run)
         repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
                                  alpha=self.cfg.screen_alpha, seed=self.search_index * 7919 + 17, dtype=self.cfg.dtype,
@@ -921,10 +922,10 @@ class Campaign:
                 self._shrink_started = 0.0
                 found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + self.search_index, shape_key)
                 if found is not None:
+                    if armed:  # shrinking, calibrating and storing may overrun the budget a little
+                        signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + self._shrink_cap_s() + 120)
                     found = self._greedy_shrink_found(found, not self.cfg.calibration_only)
                     _, run, conf, j = found
-                    if armed:  # calibrating and storing may overrun the budget a little
-                        signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + 120)
                     self._store_failure(run, conf, j)
                     if armed:
                         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))

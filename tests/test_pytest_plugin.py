@@ -214,5 +214,5 @@ def test_plugin_on_vllm_cpu_fails_with_the_draft_when_a_met_finding_is_unmarked(
     known = [ln.split()[0] for ln in lines if (ROOT / "corpus" / ln.split()[0]).is_file()]
     for name in known:
         entry = json.loads((ROOT / "corpus" / name).read_text())
-        assert f"{name} (signature {entry['signature']}, known finding" in res.stdout
+        assert f"{name} (signature {entry['signature']}, known {entry['kind']}" in res.stdout, res.stdout
     assert "vLLM" in res.stdout and "## Evidence" in res.stdout
