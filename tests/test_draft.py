@@ -18,6 +18,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -35,7 +36,8 @@ from specfuzz.oracle.speculative import BUG_CLASSES
 ROOT = Path(__file__).resolve().parents[1]
 REGRESSION = ROOT / "corpus" / "regression"
 BUGS = sorted(BUG_CLASSES)
-PACKAGE_DIRS = ("core", "oracle", "tablegen", "strategies", "fuzz", "engines")
+# Every folder pyproject maps into the package (a new subpackage must not break the clean venv).
+PACKAGE_DIRS = tuple(sorted(set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())))
 FAKE_HOST = "gpu-node-42.corp.example.com"
 FAKE_USER = "alice"
 FAKE_PATH = "/home/alice/x"

@@ -141,7 +141,9 @@ def test_ray_campaign_finds_shrinks_and_stores_an_injected_bug_once(n3_corpus):
     prints = [(e.case["spec"]["method"], e.case["spec"]["verify"]) for e in n3]
     assert len(prints) == len(set(prints)), prints
     for e in n3:
-        assert len(e.case["target_table"]) <= 3 and e.case["params"]["max_tokens"] <= 3, e.case
+        # (N3 under block verification needs 4 tokens at V=2, K=1: the greedy shrinker's 1-3 token
+        # candidates do not show it; under token verification 2 tokens do.)
+        assert len(e.case["target_table"]) <= 3 and e.case["params"]["max_tokens"] <= 4, e.case
         assert e.calibration["status"] != "fail"
         assert e.extra["found_by"]["actor"].startswith("a")
     run = _state(corpus)["ray"]["runs"][-1]
