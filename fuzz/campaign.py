@@ -353,7 +353,7 @@ class Campaign:
         self._engines: list[IsolatedEngine] = [self.engine]
         self._acct = {"start": 0.0, "swap": 0.0, "sample": 0.0}  # engine seconds already added to totals
         self._shrinking = False  # a failure or crash is being shrunk, confirmed or stored
-        self._shrink_started = 0.0  # when this search's failure began shrinking (monotonic)
+        self._shrink_started = 0.0  # when the current search's failure began shrinking (monotonic; 0: not)
         self.shape: StartShape | None = None
         # Keys of the simplest families (one per method order) already run: Hypothesis
         # starts every search with its simplest example, and a slow engine's search sees
@@ -659,32 +659,40 @@ class Campaign:
     def _shrink_cap_s(self) -> float:
         return max(SHRINK_MIN_S, SHRINK_SHARE * self.cfg.budget_s)
 
-    def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple:
-        """A failure a search found and Hypothesis shrank, shrunk further by the greedy
-        shrinker (fuzz/shrink.py: smaller vocabulary, which a search's start shape fixes,
-        shorter prompt, fewer knobs), every reduction re-run on fresh samples and the result
-        confirmed again on a freshly started engine (at the next α_j of the ledger); the
-        Hypothesis result when no reduction confirms. Returns (cases, run, conf, j)."""
+    def _greedy_shrink(self, run: CaseRun, conf: CaseRun, j: int, speculation: bool, *, budget_s: float, seed: int):
+        """A confirmed failure shrunk further by the greedy shrinker (fuzz/shrink.py: smaller
+        vocabulary, which a search's start shape fixes, shorter prompt, fewer knobs; its
+        candidates only choose, they store nothing), every reduction re-run on fresh samples and
+        the result confirmed again on a freshly started engine (at the next α_j of the ledger).
+        Returns (run, confirmation, j, shrink result): the shrunk ones, or the given ones when no
+        reduction was kept or the reduced case did not confirm with the same attribution."""
         from specfuzz.fuzz.shrink import entry_reproducer, shrink
 
-        cases, run, conf, j = found
+        repro = entry_reproducer(self._entry_for(run), self.engine, work_dir=Path(self.cfg.work_dir),
+                                 samples=self.cfg.max_samples, alpha=self.cfg.screen_alpha, seed=seed,
+                                 dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None)
+        res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation)
+        if res.kept and res.last_run is not None and getattr(res.last_run, "judgement", None) is not None:
+            small, j2 = self._confirm(res.last_run, speculation)
+            if small.failed and attributed_label(small) == attributed_label(run):
+                return res.last_run, small, j2, res
+        return run, conf, j, res
+
+    def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple:
+        """What a search found and Hypothesis shrank, through :meth:`_greedy_shrink` for the
+        rest of the failure's shrinking cap. Returns (cases, run, conf, j)."""
+        _, run, conf, j = found
         spent = time.monotonic() - self._shrink_started if self._shrink_started else 0.0
         # The rest of the failure's shrinking cap, even past the campaign's budget (as
         # calibrating and storing may overrun it): a finding is stored small or not at all
         # before the campaign ends. At least 20 s: a failure found late still gets a few candidates.
         budget = max(20.0, self._shrink_cap_s() - spent)
-        entry = self._entry_for(run)
-        repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
-                                 alpha=self.cfg.screen_alpha, seed=self.search_index * 7919 + 17, dtype=self.cfg.dtype,
-                                 settings=dict(self.cfg.engine_settings) or None)
-        res = shrink(run.case, repro, budget_s=budget, speculation=speculation)
-        if not res.kept or res.last_run is None or getattr(res.last_run, "judgement", None) is None:
+        small, conf2, j2, res = self._greedy_shrink(run, conf, j, speculation, budget_s=budget,
+                                                     seed=self.search_index * 7919 + 17)
+        if small is run:
             return found
-        small, j2 = self._confirm(res.last_run, speculation)
-        if small.failed and _label_of(small) == _label_of(run):
-            self.on_event(f"greedy shrink: {'; '.join(res.steps)}", self.stats)
-            return [res.last_run.case], res.last_run, small, j2
-        return found
+        self.on_event(f"greedy shrink: {'; '.join(res.steps)}", self.stats)
+        return [small.case], small, conf2, j2
 
     def _search(self, strategy, search_seed: int, shape_key: str = "") -> tuple[list[Case], CaseRun, CaseRun, int] | None:
         """One Hypothesis run over one start shape; returns the smallest confirmed failure
@@ -705,16 +713,15 @@ class Campaign:
             return counter[0]
 
         # A search gets a time slice, so that the campaign reaches every method and many
-        # shapes; shrinking a failure runs on until the campaign's own budget ends.
+        # shapes; shrinking a failure runs past the slice, for half of its cap (see SHRINK_SHARE).
         slice_end = time.monotonic() + self._slice_s()
         simplest = simplest_key(strategy)
-        shrink_t0: list[float] = []
+        self._shrink_started = 0.0
 
         def shrinking() -> None:
-            if not shrink_t0:
+            if not self._shrink_started:
                 self._save_state()  # the time so far was searching
-                shrink_t0.append(time.monotonic())
-                self._shrink_started = shrink_t0[0]
+                self._shrink_started = time.monotonic()
                 self._shrinking = True
 
         def search(cases: list[Case]) -> None:
@@ -736,7 +743,7 @@ class Campaign:
                 raise BudgetExhausted
             if not label_of_first and not crash_first and time.monotonic() > slice_end:
                 raise SearchSliceOver
-            if shrink_t0 and time.monotonic() - shrink_t0[0] > self._shrink_cap_s() / 2:
+            if self._shrink_started and time.monotonic() - self._shrink_started > self._shrink_cap_s() / 2:
                 # Hypothesis's shrink phase had its half of the cap (the greedy shrinker of a
                 # failure gets the rest): every further call ends at once.
                 raise SearchSliceOver
@@ -919,7 +926,6 @@ class Campaign:
                 eng["searches"] += 1
                 eng["shapes"][self.shape.variant] = eng["shapes"].get(self.shape.variant, 0) + 1
                 self.on_event(f"search {self.search_index}: {self.shape.describe()}", self.stats)
-                self._shrink_started = 0.0
                 found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + self.search_index, shape_key)
                 if found is not None:
                     if armed:  # shrinking, calibrating and storing may overrun the budget a little
@@ -943,6 +949,7 @@ class Campaign:
         return self.stats
 
 
-def _label_of(run: CaseRun) -> str | None:
+def attributed_label(run: CaseRun) -> str | None:
+    """The attributed class of a judged run (None: not judged or not attributed)."""
     j = run.judgement
     return None if j is None or j.attribution is None else j.attribution.label

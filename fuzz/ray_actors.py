@@ -33,9 +33,8 @@ import traceback
 from pathlib import Path
 
 from specfuzz.case import Case
-from specfuzz.fuzz import campaign as _campaign
 from specfuzz.fuzz.campaign import (
-    BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver,
+    BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver, attributed_label,
 )
 from specfuzz.fuzz.corpus import Entry
 
@@ -207,7 +206,6 @@ class ActorCampaign(Campaign):
         families = self.stats.cases
         found = None
         try:
-            self._shrink_started = 0.0
             found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + index, shape_key)
             if found is not None:
                 found = self._greedy_shrink_found(found, not self.cfg.calibration_only)
@@ -234,7 +232,7 @@ class ActorCampaign(Campaign):
         if self._profile is None:
             self._profile = self.engine.capabilities().profile
         seed = RETRY_SEED * (self.search_index + 1)
-        runs = self._run(cases, [self._screen_alpha()] * len(cases), seed, speculation=speculation, fresh=True)
+        runs = self._run(cases, [self.cfg.screen_alpha] * len(cases), seed, speculation=speculation, fresh=True)
         self.stats.cases += 1
         self.stats.patterns += len(cases)
         self._count(cases, runs, speculation)
@@ -251,13 +249,18 @@ class ActorCampaign(Campaign):
                     continue
                 if self._entry_for(r).signature in self.known:
                     continue  # a known bug: the searches mark it seen again
-                conf = self._confirm_fresh(r, speculation, seed + 1)
-                if not conf[0].failed:
+                conf, j = self._confirm(r, speculation)
+                if not conf.failed:
                     continue
                 self._shrinking = True
-                self.on_event(f"failure ({_label(r)}) in a retried family; shrinking", self.stats)
-                run, conf = self._greedy_shrink(r, conf, speculation, seed + 2)
-                self._store_failure(run, *conf)
+                self.on_event(f"failure ({attributed_label(r)}) in a retried family; shrinking", self.stats)
+                run, conf, j, res = self._greedy_shrink(r, conf, j, speculation, budget_s=max(0.0, self._left()),
+                                                        seed=seed + 2)
+                self.corpus.found_by["shrunk_by"] = {"greedy": res.steps, "tried": res.tried,
+                                                     "minimal": not res.budget_exhausted}
+                if res.kept and run is r:
+                    self.corpus.found_by["shrunk_by"]["kept"] = "unshrunk: the shrunk case did not confirm"
+                self._store_failure(run, conf, j)
                 out["failed"] = True
                 break
             return out
@@ -266,48 +269,6 @@ class ActorCampaign(Campaign):
             self._save_state()
             self._shrinking = False
 
-    def _screen_alpha(self) -> float:
-        """A family's test level: the fixed screening level (two-stage budget), else the
-        next level of the per-family sequence."""
-        if hasattr(self.cfg, "screen_alpha"):
-            return self.cfg.screen_alpha
-        return self.spender.next()
-
-    def _confirm_fresh(self, run, speculation: bool, seed: int) -> tuple:
-        """``run``'s pattern on fresh samples, on a freshly started engine, at the
-        campaign's confirmation level: (confirmation,) or (confirmation, j) where
-        confirmations spend from the ledger (Campaign._confirm)."""
-        if hasattr(self, "_confirm"):
-            return tuple(self._confirm(run, speculation))
-        factor = getattr(_campaign, "CONFIRM_FACTOR", 0.1)  # the per-family scheme's stricter level
-        conf = self._run([run.case], [self.spender.peek() * factor], seed, speculation=speculation, fresh=True)[0]
-        self.spender.next()
-        return (conf,)
-
-    def _greedy_shrink(self, run, conf: tuple, speculation: bool, seed: int):
-        """The smallest case that still fails with the same attribution (fuzz/shrink.py; its
-        candidates only choose, they store nothing), confirmed on a fresh engine; the
-        unshrunk (run, conf) when no reduction confirms."""
-        from specfuzz.fuzz.shrink import entry_reproducer, shrink
-
-        entry = self._entry_for(run)
-        repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
-                                 alpha=self._screen_alpha(), seed=seed, dtype=self.cfg.dtype,
-                                 settings=dict(self.cfg.engine_settings) or None)
-        res = shrink(run.case, repro, budget_s=max(0.0, self._left()), speculation=speculation)
-        self.corpus.found_by["shrunk_by"] = {"greedy": res.steps, "tried": res.tried, "minimal": not res.budget_exhausted}
-        if not res.kept or res.last_run is None:
-            return run, conf
-        small = self._confirm_fresh(res.last_run, speculation, seed + 1)
-        if small[0].failed and _label(small[0]) == _label(run):
-            return res.last_run, small
-        self.corpus.found_by["shrunk_by"]["kept"] = "unshrunk: the shrunk case did not confirm"
-        return run, conf
-
-
-def _label(run) -> str | None:
-    j = run.judgement
-    return None if j is None or j.attribution is None else j.attribution.label
 
 
 class EngineActor:

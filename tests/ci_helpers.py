@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 JUNIT_XSD = ROOT / "tests" / "data" / "junit-10.xsd"  # Jenkins xUnit's JUnit schema, as pytest validates with
+
+
+def copy_package_source(dest: Path) -> Path:
+    """pyproject.toml, README.md and every folder pyproject maps into the package, copied to
+    ``dest`` (pip builds a wheel there, never in the working tree); a new subpackage comes along."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, dest / name)
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    for d in sorted(set(dirs)):
+        shutil.copytree(ROOT / d, dest / d, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
 
 
 def run_cli(args: list[str], cwd: Path, *, timeout: float = 300, python: str = sys.executable,

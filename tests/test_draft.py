@@ -18,11 +18,11 @@ import json
 import shutil
 import subprocess
 import sys
-import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
+from ci_helpers import copy_package_source
 from click.testing import CliRunner
 
 from specfuzz.case import Case
@@ -36,8 +36,6 @@ from specfuzz.oracle.speculative import BUG_CLASSES
 ROOT = Path(__file__).resolve().parents[1]
 REGRESSION = ROOT / "corpus" / "regression"
 BUGS = sorted(BUG_CLASSES)
-# Every folder pyproject maps into the package (a new subpackage must not break the clean venv).
-PACKAGE_DIRS = tuple(sorted(set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())))
 FAKE_HOST = "gpu-node-42.corp.example.com"
 FAKE_USER = "alice"
 FAKE_PATH = "/home/alice/x"
@@ -61,12 +59,7 @@ def repro_python(tmp_path_factory) -> list[str]:
         pins = [f"{name}=={importlib.metadata.version(name)}" for name in ("numpy", "safetensors")]
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run(pip + pins, check=True, capture_output=True, timeout=300)
-        src = base / "specfuzz-src"  # a copy: pip builds there, never in the working tree
-        src.mkdir()
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy(ROOT / name, src / name)
-        for d in PACKAGE_DIRS:
-            shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__"))
+        src = copy_package_source(base / "specfuzz-src")
         # the wheel is built by this (project) interpreter, which has setuptools and wheel
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
                         "-w", str(base / "dist")], check=True, capture_output=True, timeout=300)

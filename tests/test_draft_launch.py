@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import warnings
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci_helpers import copy_package_source
 from click.testing import CliRunner
 from pyflakes.api import check as pyflakes_check
 from pyflakes.reporter import Reporter
@@ -258,16 +258,7 @@ def test_draft_verify_through_the_cli(tmp_path):
 
 @pytest.mark.slow
 def test_the_templates_ship_in_the_wheel(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    # Every folder the package maps (pyproject's package-dir), so a new subpackage cannot break this.
-    import tomllib
-
-    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
-    for d in sorted(set(dirs)):
-        shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__"))
+    src = copy_package_source(tmp_path / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("specfuzz-*.whl"))
