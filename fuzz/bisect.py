@@ -47,10 +47,8 @@ OUTCOMES = ("bad", "good", "cannot-run", "not-installable")
 TESTABLE = ("bad", "good")
 # Runs of a crash entry per release before "no crash" counts (crashes that come and go).
 DEFAULT_CRASH_ATTEMPTS = 3
-# Requests per engine call when replaying a crash entry (the campaign's batches are 500-600).
-CRASH_BATCH = 500
 # Settings a stored probe must share with this bisection to be reused instead of re-run.
-_REUSE_KEYS = ("package", "samples", "alpha", "attempts", "deps", "torch_any_build")
+_REUSE_KEYS = ("package", "samples", "alpha", "attempts", "deps", "torch_any_build", "batch")
 
 
 @dataclass(frozen=True)
@@ -355,7 +353,7 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
     from specfuzz.case import Case
     from specfuzz.engines.base import Request
     from specfuzz.engines.isolation import EngineCrash
-    from specfuzz.fuzz.run import engine_config
+    from specfuzz.fuzz.run import engine_config, entry_crash_batch
     from specfuzz.fuzz.triage import entry_dtype, entry_settings
     from specfuzz.oracle.params import SamplingParams
 
@@ -371,8 +369,9 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
             patterns.append((tuple(p["prompt"]), SamplingParams.from_json(p["params"])))
         eng.start(engine_config(case, rr.work_dir / "checkpoints", dtype=entry_dtype(entry),
                                 settings=entry_settings(entry) or None))
+        batch = entry_crash_batch(entry)  # the batch it crashed in: some crashes need all of it
         while sent < requests:
-            k = min(CRASH_BATCH, requests - sent)
+            k = min(batch, requests - sent)
             eng.generate([Request(pr, params, seed + sent + j) for j, (pr, params) in enumerate(islice(cycle(patterns), k))])
             sent += k
     except EngineCrash as exc:
@@ -476,8 +475,13 @@ def _same_version(a: str, b: str) -> bool:
 
 
 def _settings(b: Bisection, cfg: BisectConfig, envs: ReleaseEnvs) -> dict:
-    return {"package": b.package, "samples": cfg.samples, "alpha": cfg.alpha, "attempts": cfg.attempts,
-            "deps": envs.deps, "torch_any_build": envs.torch_any_build}
+    from specfuzz.fuzz.run import entry_crash_batch
+
+    out = {"package": b.package, "samples": cfg.samples, "alpha": cfg.alpha, "attempts": cfg.attempts,
+           "deps": envs.deps, "torch_any_build": envs.torch_any_build}
+    if b.entry.kind == "crash":
+        out["batch"] = entry_crash_batch(b.entry)  # requests per engine call of each run
+    return out
 
 
 def stored_probes(entry_path: Path, settings: Mapping) -> dict[str, Probe]:

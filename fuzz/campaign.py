@@ -53,7 +53,7 @@ from specfuzz.errors import AmbiguousSemantics, InvalidInput
 from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json, now_iso
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.exampledb import FailuresOnly
-from specfuzz.fuzz.run import CaseRun, crash_entry, finding_entry, run_family
+from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
 from specfuzz.oracle.budget import SCREEN_ALPHA, AlphaSpender
 from specfuzz.strategies import StartShape, case_families, start_shapes
@@ -267,7 +267,7 @@ class CampaignConfig:
     alpha: float = 1e-3  # campaign-wide false-alarm budget (spent per confirmation)
     screen_alpha: float = SCREEN_ALPHA  # fixed level of every family's screening test (not spent)
     max_samples: int = 1000
-    batch: int = 600
+    batch: int = DEFAULT_BATCH
     max_vocab: int = 5
     max_tokens: int = 4
     max_k: int = 3
@@ -578,7 +578,7 @@ class Campaign:
                 self.on_event(f"crash ({crash.kind}) seen again: {crash.detail[:100]} -> {known.name}", self.stats)
                 return
         entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
-                            settings=dict(self.cfg.engine_settings), family=family or [case])
+                            settings=dict(self.cfg.engine_settings), family=family or [case], batch=self.cfg.batch)
         entry.extra["shrunk"] = shrunk
         path, new = self.corpus.store(entry)
         if shrunk or crash_key(crash) not in self.crash_entries:

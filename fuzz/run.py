@@ -118,6 +118,10 @@ def launch_record(engine: IsolatedEngine, cfg: EngineConfig) -> dict | None:
     return rec
 
 
+# Requests per engine call in a campaign (``specfuzz fuzz --batch``'s default).
+DEFAULT_BATCH = 600
+
+
 def run_family(
     engine: IsolatedEngine,
     cases: Sequence[Case],
@@ -196,10 +200,12 @@ def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: Cas
 
 def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_name: str, *,
                 dtype: str = "float32", settings: dict | None = None, family: Sequence[Case] = (),
-                launch: dict | None = None) -> Entry:
+                launch: dict | None = None, batch: int | None = None) -> Entry:
     """A crash entry. ``family``: every request pattern that was in the crashing batch
     (the engine ran them mixed; the crash may need several of them together). ``launch``:
-    the crashing run's launch record (default: the engine's last one)."""
+    the crashing run's launch record (default: the engine's last one). ``batch``: requests
+    per engine call of the crashing run (recorded as ``extra.batch_size``: replays, bisection
+    and the drafted repro.py send batches that large, see :func:`entry_crash_batch`)."""
     try:
         version = dict(engine.version())
     except EngineCrash:
@@ -210,6 +216,8 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
     launch = launch if launch is not None else _LAST_LAUNCH.get(engine)
     if launch is not None:
         extra["launch"] = launch
+    if batch is not None and batch > 0:
+        extra["batch_size"] = int(batch)
     if len(family) > 1:
         extra["batch_patterns"] = [{"prompt": list(c.prompt), "params": c.params.to_json()} for c in family]
     return Entry(
@@ -217,6 +225,16 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
         evidence=f"engine {crash.kind}: {crash.detail}", log=crash.log_tail,
         extra=extra,
     )
+
+
+def entry_crash_batch(entry: Entry) -> int:
+    """Requests per engine call when a crash entry is run again (replay, bisection, repro.py):
+    the batch it crashed in (``extra.batch_size``), else the campaign's default ``--batch``
+    (entries stored before the batch was recorded ran in batches that large or smaller).
+    Some crashes need the whole batch: vLLM CPU's chunked-prefill crash (corpus
+    crash-8364f7220f732b16) needs 17-token prompts in calls of more than 500 requests."""
+    recorded = entry.extra.get("batch_size")
+    return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else DEFAULT_BATCH
 
 
 def _engine_default(case: Case) -> bool:

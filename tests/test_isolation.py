@@ -13,8 +13,9 @@ import pytest
 
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine, resolve_engine
 from specfuzz.errors import InvalidInput
-from specfuzz.fuzz.corpus import Corpus
-from specfuzz.fuzz.run import crash_entry, engine_config, run_case
+from specfuzz.fuzz.campaign import CampaignConfig
+from specfuzz.fuzz.corpus import Corpus, Entry
+from specfuzz.fuzz.run import DEFAULT_BATCH, crash_entry, engine_config, entry_crash_batch, run_case
 from specfuzz.oracle.catalogue import catalogue
 from specfuzz.oracle.speculative import SpecConfig
 
@@ -51,9 +52,14 @@ def test_engine_that_raises_becomes_a_crash_finding_and_the_next_case_runs(tmp_p
     assert run.crash is not None and run.crash.kind == "exception"
     assert "illegal memory access" in run.crash.detail
     assert "faulty engine: failing" in run.crash.log_tail
-    path, is_new = corpus.store(crash_entry(eng, case, run.crash, "faulty"))
+    path, is_new = corpus.store(crash_entry(eng, case, run.crash, "faulty", batch=100))
     stored = json.loads(path.read_text())
     assert is_new and stored["kind"] == "crash" and "illegal memory access" in stored["evidence"]
+    # Replays, bisection and repro.py send the batch it crashed in (some crashes need all of it);
+    # an entry from before batches were recorded gets the campaign's default batch.
+    assert stored["extra"]["batch_size"] == 100 and entry_crash_batch(Entry.from_json(stored)) == 100
+    del stored["extra"]["batch_size"]
+    assert entry_crash_batch(Entry.from_json(stored)) == DEFAULT_BATCH == CampaignConfig().batch
     # The caller goes on: the next case restarts a fresh engine process.
     run2 = run_case(eng, case, ckpt_root=tmp_path, alpha=ALPHA, max_samples=300, batch=100)
     assert run2.crash is None and run2.n == 300

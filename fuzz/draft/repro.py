@@ -141,10 +141,9 @@ def repro_data(data: DraftData, samples: int) -> dict:
 def crash_batch(data: DraftData) -> int:
     """Requests per engine call in a crash repro: the entry's recorded batch, else the campaign's
     default ``--batch`` (a crash found or shrunk by specfuzz ran in batches that large or smaller)."""
-    from specfuzz.fuzz.campaign import CampaignConfig
+    from specfuzz.fuzz.run import entry_crash_batch
 
-    recorded = data.entry.extra.get("batch_size")
-    return int(recorded) if isinstance(recorded, int) and recorded > 0 else int(CampaignConfig().batch)
+    return entry_crash_batch(data.entry)
 
 
 def default_samples(data: DraftData) -> int:
