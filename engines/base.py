@@ -91,6 +91,13 @@ class Capabilities:
     # strategies draw it as the named variant "engine default" (SpecConfig.engine_default),
     # which the adapter sends with none of those knobs pinned.
     spec_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The most prompt tokens a campaign puts into one generate call of seeded requests
+    # (None: no limit): an engine that crashes when its scheduler splits a seeded prompt
+    # over several steps (chunked prefill; vLLM's CPU build, corpus crash-8364f7220f732b16)
+    # gets its batches in several calls, so that a campaign tests long prompts there instead
+    # of meeting that known crash again. Recorded in every entry found so
+    # (extra.call_prompt_tokens); replays of an entry split as it was run.
+    seeded_call_prompt_tokens: int | None = None
 
 
 # The parts of a started engine a swap can replace (Capabilities.swap).

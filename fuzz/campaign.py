@@ -523,11 +523,13 @@ class Campaign:
         else:
             eng = engine or self.engine
         before, swaps, falls = eng.starts, eng.swaps, eng.swap_fallbacks
+        split = getattr(self.engine.capabilities(), "seeded_call_prompt_tokens", None)
         try:
             runs = run_family(
                 eng, cases, ckpt_root=Path(self.cfg.work_dir) / "checkpoints", alphas=alphas,
                 max_samples=self.cfg.max_samples, batch=self.cfg.batch, seed=seed, speculation=speculation,
                 profile=self._profile, dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings), fresh=fresh,
+                call_prompt_tokens=split,
             )
         finally:
             if fresh and not getattr(self.engine.capabilities(), "restart_in_process", True):
@@ -536,6 +538,8 @@ class Campaign:
         self.stats.swaps += eng.swaps - swaps
         self.stats.swap_fallbacks += eng.swap_fallbacks - falls
         self.stats.samples += sum(r.n for r in runs)
+        # The calls of the last run: a crash entry records the batch it crashed in.
+        self._last_call = (max((r.call_requests for r in runs), default=0), split)
         self._drain_events(cases[0])
         return runs
 
@@ -577,8 +581,10 @@ class Campaign:
                 self.stats.findings_updated += 1
                 self.on_event(f"crash ({crash.kind}) seen again: {crash.detail[:100]} -> {known.name}", self.stats)
                 return
+        call_requests, split = getattr(self, "_last_call", (0, None))
         entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
-                            settings=dict(self.cfg.engine_settings), family=family or [case], batch=self.cfg.batch)
+                            settings=dict(self.cfg.engine_settings), family=family or [case],
+                            batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
         entry.extra["shrunk"] = shrunk
         path, new = self.corpus.store(entry)
         if shrunk or crash_key(crash) not in self.crash_entries:

@@ -39,6 +39,8 @@ class CaseRun:
     proposed: int = 0
     dtype: str = "float32"
     launch: dict | None = None  # what the adapter applied to the engine (launch_record)
+    call_requests: int = 0  # requests of the largest generate call of the run
+    call_prompt_tokens: int | None = None  # the split the run's calls kept to (run_family)
 
     @property
     def failed(self) -> bool:
@@ -139,6 +141,7 @@ def run_family(
     unseeded: Sequence[bool] | None = None,
     tests: Sequence[CaseTest] | None = None,
     fresh: bool = False,
+    call_prompt_tokens: int | None = None,
 ) -> list[CaseRun]:
     """Sample request patterns sharing one model family on one engine, in mixed batches.
 
@@ -146,6 +149,8 @@ def run_family(
     seed for patterns marked ``unseeded``); a pattern stops early once its evidence
     reaches 1/α, otherwise at ``max_samples``. A crash ends every pattern's run.
     ``fresh``: start the engine afresh (no reuse, no table swap) before sampling.
+    ``call_prompt_tokens``: a batch of seeded requests goes to the engine in several calls of
+    at most that many prompt tokens each (``Capabilities.seeded_call_prompt_tokens``).
     """
     t0 = time.perf_counter()
     tests = list(tests) if tests is not None else [
@@ -157,6 +162,7 @@ def run_family(
     cfg = engine_config(cases[0], ckpt_root, dtype=dtype, speculation=speculation, settings=settings)
     per_pattern = max(1, batch // len(cases))
     next_seed = seed
+    call_requests = 0
     crash: EngineCrash | None = None
     launch: dict | None = None
     try:
@@ -173,7 +179,10 @@ def run_family(
                     reqs.append(Request(cases[i].prompt, cases[i].params, None if unseeded[i] else next_seed))
                     owner.append(i)
                     next_seed += 1
-            outs = engine.generate(reqs)
+            outs = []
+            for part in split_calls(reqs, call_prompt_tokens):
+                call_requests = max(call_requests, len(part))
+                outs.extend(engine.generate(part))
             grouped: dict[int, list[tuple[int, ...]]] = {i: [] for i in live}
             for i, o in zip(owner, outs):
                 grouped[i].append(tuple(o.token_ids))
@@ -188,9 +197,34 @@ def run_family(
     for r, t in zip(runs, tests):
         r.crash = crash
         r.launch = launch
+        r.call_requests = call_requests
+        r.call_prompt_tokens = call_prompt_tokens
         r.judgement = t.judgement(n_planned=max_samples) if r.n else None
         r.seconds = time.perf_counter() - t0
     return runs
+
+
+def split_calls(requests: list[Request], prompt_tokens: int | None) -> list[list[Request]]:
+    """``requests`` cut, in order, into calls of at most ``prompt_tokens`` prompt tokens each
+    (a longer prompt goes alone); one call when there is no limit or no request is seeded."""
+    if not prompt_tokens or all(r.seed is None for r in requests):
+        return [requests] if requests else []
+    out: list[list[Request]] = [[]]
+    total = 0
+    for r in requests:
+        if out[-1] and total + len(r.prompt) > prompt_tokens:
+            out.append([])
+            total = 0
+        out[-1].append(r)
+        total += len(r.prompt)
+    return out
+
+
+def entry_call_prompt_tokens(entry: Entry) -> int | None:
+    """The split of generate calls an entry was found with (``extra.call_prompt_tokens``), for
+    its replays; None (one call per batch) for entries found without one."""
+    v = entry.extra.get("call_prompt_tokens")
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: CaseTest | None = None, **kw) -> CaseRun:
@@ -200,12 +234,13 @@ def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: Cas
 
 def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_name: str, *,
                 dtype: str = "float32", settings: dict | None = None, family: Sequence[Case] = (),
-                launch: dict | None = None, batch: int | None = None) -> Entry:
+                launch: dict | None = None, batch: int | None = None, call_prompt_tokens: int | None = None) -> Entry:
     """A crash entry. ``family``: every request pattern that was in the crashing batch
     (the engine ran them mixed; the crash may need several of them together). ``launch``:
     the crashing run's launch record (default: the engine's last one). ``batch``: requests
     per engine call of the crashing run (recorded as ``extra.batch_size``: replays, bisection
-    and the drafted repro.py send batches that large, see :func:`entry_crash_batch`)."""
+    and the drafted repro.py send batches that large, see :func:`entry_crash_batch`).
+    ``call_prompt_tokens``: the split of generate calls the run kept to (run_family)."""
     try:
         version = dict(engine.version())
     except EngineCrash:
@@ -218,6 +253,8 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
         extra["launch"] = launch
     if batch is not None and batch > 0:
         extra["batch_size"] = int(batch)
+    if call_prompt_tokens:
+        extra["call_prompt_tokens"] = int(call_prompt_tokens)
     if len(family) > 1:
         extra["batch_patterns"] = [{"prompt": list(c.prompt), "params": c.params.to_json()} for c in family]
     return Entry(
@@ -257,6 +294,7 @@ def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | Non
         extra={"broken_condition": j.broken_condition, "optimal_samples": j.to_json()["optimal_samples"],
                "dtype": run.dtype, "engine_default": _engine_default(run.case),
                "acceptance": {"proposed": run.proposed, "accepted": run.accepted},
-               **({"launch": run.launch} if run.launch is not None else {})},
+               **({"launch": run.launch} if run.launch is not None else {}),
+               **({"call_prompt_tokens": run.call_prompt_tokens} if run.call_prompt_tokens else {})},
     )
 

