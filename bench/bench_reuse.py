@@ -61,6 +61,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-setting", action="append", default=[], metavar="KEY=JSON")
     ap.add_argument("--no-swap", action="store_true", help="new code, swaps off (a start per table model)")
+    ap.add_argument("--spare", choices=("auto", "on", "off"), default="auto",
+                    help="warmed-up spare engine processes (CampaignConfig.spare_engines; auto: with 8+ CPUs)")
     ap.add_argument("--known", type=Path, default=None,
                     help="a corpus folder whose entries the campaign starts with (known bugs are then seen again, not "
                          "shrunk again: a campaign resumed by a user who has its engine's findings already)")
@@ -98,6 +100,8 @@ def main() -> int:
             kw["swap"] = not args.no_swap
         elif args.no_swap:
             pass  # code from before swaps: a start per table model anyway
+        if "spare_engines" in CampaignConfig.__dataclass_fields__:
+            kw["spare_engines"] = {"auto": None, "on": True, "off": False}[args.spare]
         camp = Campaign(CampaignConfig(**kw))
         t0 = time.monotonic()
         stats = camp.run()
@@ -124,6 +128,7 @@ def main() -> int:
         "patterns": stats.patterns,
         "samples": stats.samples,
         "engine_starts": stats.engine_starts,
+        "warm_starts": (totals.get("engine") or {}).get("warm_starts"),
         "swaps": getattr(stats, "swaps", 0),
         "swap_fallbacks": getattr(stats, "swap_fallbacks", 0),
         "searches": stats.searches,

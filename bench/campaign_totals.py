@@ -46,6 +46,7 @@ def summarize(state: dict, before: dict | None, label: str) -> dict:
         "families_per_min": round(60.0 * fam / wall, 2) if wall else 0.0,
         "samples": eng.get("samples", 0),
         "engine_starts": eng.get("starts", 0),
+        "warm_starts": eng.get("warm_starts", 0),
         "swaps": eng.get("swaps", 0),
         "swap_fallbacks": eng.get("swap_fallbacks", 0),
         "stale_weights": eng.get("stale_weights", 0),

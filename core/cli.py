@@ -109,6 +109,9 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
 @click.option("--no-swap", is_flag=True,
               help="Start the engine afresh for every table model instead of loading new tables into the running engine.")
+@click.option("--spare-engines/--no-spare-engines", "spare_engines", default=None,
+              help="Keep one engine process warmed up (its imports made) for the next start of an engine that restarts in a new "
+                   "process (vLLM, SGLang). Default: on with 8 or more CPUs.")
 @click.option("--reset-state", is_flag=True,
               help="Start a fresh campaign state (α spending, totals, Hypothesis database kept): the old state file, "
                    "damaged or not, is kept beside it under a new name. Needed to go on after the state file was damaged.")
@@ -126,7 +129,7 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
               help="With --ray: CPUs per engine actor.")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, reset_state, junit_out, json_out,
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, reset_state, junit_out, json_out,
              ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
 
@@ -171,7 +174,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
-        max_patterns=patterns, swap=not no_swap, reset_state=reset_state,
+        max_patterns=patterns, swap=not no_swap, reset_state=reset_state, spare_engines=spare_engines,
     )
     refusals: list[str] = []
     display = None if quiet else LiveDisplay(cfg, console)
@@ -214,6 +217,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             for kv in engine_settings:
                 cmd += ["--engine-setting", kv]
             cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
+            cmd += [] if spare_engines is None else ["--spare-engines" if spare_engines else "--no-spare-engines"]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     error = None
     try:

@@ -95,7 +95,7 @@ def _kill_group_when_orphaned(parent_pid: int) -> None:  # pragma: no cover - ru
             os.killpg(0, signal.SIGKILL)
 
 
-def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str) -> None:  # pragma: no cover - runs in the child
+def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str, preload: bool = False) -> None:  # pragma: no cover - runs in the child
     os.setsid()
     threading.Thread(target=_kill_group_when_orphaned, args=(os.getppid(),), daemon=True, name="specfuzz-orphan-watch").start()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -106,6 +106,15 @@ def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         conn.send(_error_reply(exc))
         return
+    if preload:
+        # A spare process (IsolatedEngine(spare=True)): import what the engine's start needs
+        # now, while no one waits for it. A failure here only means a slower start later.
+        fn = getattr(engine, "preload", None)
+        if callable(fn):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
     while True:
         try:
             cmd, args = conn.recv()
@@ -144,8 +153,24 @@ def _kill_live_children() -> None:
     for eng in list(_LIVE):
         try:
             eng._kill()
+            eng.close_spare()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
+
+
+def _end_process(proc, conn) -> None:
+    """Kill a child engine process and its process group (a spare: nothing to close in it)."""
+    try:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError, ValueError):
+        pass
+    try:
+        conn.close()
+    except OSError:
+        pass
 
 
 def _error_reply(exc: BaseException) -> tuple:
@@ -169,10 +194,16 @@ class IsolatedEngine:
         log_dir: Path | None = None,
         daemon: bool | None = None,
         swap: bool = True,
+        spare: bool = False,
     ) -> None:
         """``daemon``: run the engine in a daemon child (None: yes, unless the engine is
         one of :data:`NON_DAEMON_ENGINES`). ``swap``: load new tables into a running engine
-        in place where it can (Capabilities.swap), instead of starting it again."""
+        in place where it can (Capabilities.swap), instead of starting it again. ``spare``:
+        keep one more engine process started and warmed up (its engine's ``preload``:
+        the imports a start needs) in the background, which the next start in a new process
+        takes instead of spawning one (for engines that restart in a new process:
+        ``Capabilities.restart_in_process`` False). ``close()`` ends the spare too,
+        ``close(keep_spare=True)`` keeps it for the next start."""
         self.engine_spec = resolve_engine(engine_spec)
         self.daemon = (self.engine_spec not in NON_DAEMON_ENGINES) if daemon is None else bool(daemon)
         self.kwargs = dict(kwargs or {})
@@ -201,20 +232,50 @@ class IsolatedEngine:
         # stale weights (the check failed after the swap and passed after a fresh start).
         self.events: list[dict] = []
         self.last_swap: SwapReport | None = None
+        self.spare_enabled = bool(spare)
+        self._spare: tuple[Any, Any, Path] | None = None  # (process, connection, log path)
+        self._spawned = 0
+        self.warm_starts = 0  # starts that took the spare process
 
     # -- process management ------------------------------------------------------------
 
-    def _spawn(self) -> None:
+    def _new_process(self, preload: bool) -> tuple[Any, Any, Path]:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.log_path = self.log_dir / f"engine-{os.getpid()}-{self.starts + self.crashes}-{int(time.time())}.log"
-        self.log_path.touch()
-        proc = ctx.Process(target=_child_main, args=(child, self.engine_spec, self.kwargs, str(self.log_path)), daemon=self.daemon)
+        self._spawned += 1
+        log_path = self.log_dir / f"engine-{os.getpid()}-{id(self) % 100000}-{self._spawned}-{int(time.time())}.log"
+        log_path.touch()
+        proc = ctx.Process(target=_child_main, args=(child, self.engine_spec, self.kwargs, str(log_path), preload), daemon=self.daemon)
         proc.start()
         child.close()
+        return proc, parent, log_path
+
+    def _spawn(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None and spare[0].is_alive():
+            proc, parent, self.log_path = spare
+            self.warm_starts += 1
+        else:
+            if spare is not None:
+                _end_process(spare[0], spare[1])
+            proc, parent, self.log_path = self._new_process(preload=False)
         self._proc, self._conn = proc, parent
         self._config = None
         _LIVE.add(self)
+        self._ensure_spare()
+
+    def _ensure_spare(self) -> None:
+        if self.spare_enabled and (self._spare is None or not self._spare[0].is_alive()):
+            if self._spare is not None:
+                _end_process(self._spare[0], self._spare[1])
+            self._spare = self._new_process(preload=True)
+            _LIVE.add(self)
+
+    def close_spare(self) -> None:
+        """End the spare process, if any."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            _end_process(spare[0], spare[1])
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -230,7 +291,8 @@ class IsolatedEngine:
         if self._conn is not None:
             self._conn.close()
         self._proc, self._conn, self._config = None, None, None
-        _LIVE.discard(self)
+        if self._spare is None:
+            _LIVE.discard(self)
 
     def log_tail(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -315,7 +377,7 @@ class IsolatedEngine:
         (``Capabilities.restart_in_process``), else in a new process.
         """
         if fresh and self._proc is not None and not getattr(self.capabilities(), "restart_in_process", True):
-            self.close()
+            self.close(keep_spare=True)
         if self._proc is not None and self._config == config and not fresh:
             return
         if not fresh and self._proc is not None and self._config is not None and self._swap(config):
@@ -324,7 +386,7 @@ class IsolatedEngine:
         # release their previous model in start()), unless the engine says it cannot
         # restart in-process; a dead one is respawned by _call.
         if self._proc is not None and self._config is not None and not getattr(self.capabilities(), "restart_in_process", True):
-            self.close()
+            self.close(keep_spare=True)
         t0 = time.monotonic()
         try:
             self._call("start", config, timeout=self.start_timeout_s)
@@ -421,7 +483,10 @@ class IsolatedEngine:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def close(self) -> None:
+    def close(self, keep_spare: bool = False) -> None:
+        """End the engine process (and the spare one, unless ``keep_spare``)."""
+        if not keep_spare:
+            self.close_spare()
         if self._proc is None:
             return
         try:

@@ -348,6 +348,13 @@ class SGLangEngine(Engine):
         env = {str(k): str(v) for k, v in dict(settings.get("env") or {}).items()}
         return env, kwargs
 
+    def preload(self) -> None:
+        """The imports a start makes (SGLang's engine and server arguments), made ahead of it
+        by a spare engine process (IsolatedEngine(spare=True))."""
+        import sglang  # noqa: F401
+        from sglang.srt.entrypoints.engine import Engine  # noqa: F401
+        from sglang.srt.server_args import ServerArgs  # noqa: F401
+
     def start(self, config: EngineConfig) -> None:
         """Start SGLang on ``config``; raise InvalidInput (before starting) for a bad config."""
         if self._engine is not None:

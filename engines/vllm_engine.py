@@ -657,6 +657,16 @@ class VLLMEngine(Engine):
         kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
         return env, kwargs
 
+    def preload(self) -> None:
+        """The imports a start makes (torch, vLLM and its platform), made ahead of it by a
+        spare engine process (IsolatedEngine(spare=True)) under the start's logging level."""
+        env = {} if "VLLM_LOGGING_LEVEL" in os.environ else {"VLLM_LOGGING_LEVEL": "WARNING"}
+        with environ(env):
+            import torch  # noqa: F401
+            from vllm import LLM  # noqa: F401
+
+            _is_cpu_platform()
+
     def start(self, config: EngineConfig) -> None:
         """Start vLLM on ``config``; raise InvalidInput (before starting) for a bad config."""
         if self._llm is not None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import signal
 import threading
@@ -84,6 +85,8 @@ DEFAULT_EVERY = 4
 # The budget is enforced inside examples; a SIGALRM this long after the deadline stops
 # the campaign even inside Hypothesis's internals or a slow engine call.
 WATCHDOG_GRACE_S = 10.0
+# CampaignConfig.spare_engines=None turns spare engine processes on from this many CPUs.
+SPARE_MIN_CPUS = 8
 
 
 def family_key(cases: list[Case]) -> str:
@@ -277,6 +280,9 @@ class CampaignConfig:
     worker: int = 0  # index among parallel workers sharing the corpus (each keeps its own state)
     engine_settings: dict = field(default_factory=dict)  # EngineConfig.settings: backend knobs
     swap: bool = True  # load new tables into a running engine where it can (False: a start per table model)
+    # A warmed-up spare process for each engine that restarts in a new process (None: with
+    # SPARE_MIN_CPUS or more CPUs; on fewer, its imports would compete with the engine).
+    spare_engines: bool | None = None
     reset_state: bool = False  # start a fresh state; the old file is kept aside (Campaign._load_state)
 
     @property
@@ -341,14 +347,14 @@ class Campaign:
         # speculation-off engine, fresh confirmation engines): starts, swaps, and where the
         # wall time went (seconds: start, swap, sample, shrink, other).
         eng = self.totals.setdefault("engine", {})
-        for k in ("starts", "swaps", "swap_fallbacks", "stale_weights", "families", "samples", "searches"):
+        for k in ("starts", "warm_starts", "swaps", "swap_fallbacks", "stale_weights", "families", "samples", "searches"):
             eng.setdefault(k, 0)
         eng.setdefault("seconds", {})
         for k in ("start", "swap", "sample", "shrink", "other"):
             eng["seconds"].setdefault(k, 0.0)
         eng.setdefault("shapes", {})
         self.totals["runs"] += 1
-        self._base = {k: eng[k] for k in ("starts", "swaps", "swap_fallbacks")}  # from earlier runs
+        self._base = {k: eng[k] for k in ("starts", "warm_starts", "swaps", "swap_fallbacks")}  # from earlier runs
         self.events_path = self.state_dir / "events.jsonl"
         self._engines: list[IsolatedEngine] = [self.engine]
         self._acct = {"start": 0.0, "swap": 0.0, "sample": 0.0}  # engine seconds already added to totals
@@ -445,14 +451,21 @@ class Campaign:
             for k, d in delta.items():
                 sec[k] = sec[k] + d
             sec["other"] = sec["other"] + max(0.0, wall - sum(delta.values()))
-        for k in ("starts", "swaps", "swap_fallbacks"):
-            eng[k] = self._base[k] + sum(getattr(e, k) for e in self._engines)
+        for k in ("starts", "warm_starts", "swaps", "swap_fallbacks"):
+            eng[k] = self._base[k] + sum(getattr(e, k, 0) for e in self._engines)
 
     def _new_engine(self) -> IsolatedEngine:
         e = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs",
-                           swap=self.cfg.swap)
+                           swap=self.cfg.swap, spare=self._spares())
         self._engines.append(e)
         return e
+
+    def _spares(self) -> bool:
+        """Whether this campaign's engines keep a warmed-up spare process (CampaignConfig.spare_engines)."""
+        if self.cfg.spare_engines is not None:
+            return bool(self.cfg.spare_engines)
+        caps = self.engine.capabilities()
+        return not getattr(caps, "restart_in_process", True) and (os.cpu_count() or 1) >= SPARE_MIN_CPUS
 
     def _drain_events(self, case: Case | None = None) -> None:
         """Swap events of every engine to the campaign log (events.jsonl) and the display; a
@@ -533,7 +546,7 @@ class Campaign:
             )
         finally:
             if fresh and not getattr(self.engine.capabilities(), "restart_in_process", True):
-                eng.close()
+                eng.close(keep_spare=True)
         self.stats.engine_starts += eng.starts - before
         self.stats.swaps += eng.swaps - swaps
         self.stats.swap_fallbacks += eng.swap_fallbacks - falls
@@ -620,6 +633,10 @@ class Campaign:
         drawn (the first search of a method draws its simplest shape)."""
         caps = self.engine.capabilities()
         self._profile = caps.profile
+        if index == 1 or not self.engine.spare_enabled:
+            # Known once the engine answered: whether its restarts take a spare process.
+            self.engine.spare_enabled = self._spares()
+            self.engine._ensure_spare()
         methods = self._methods()
         n = max(1, len(methods))
         i = index - 1

@@ -207,3 +207,27 @@ class SlowStartEngine(ReferenceEngine):
     def generate(self, requests):
         time.sleep(14)
         return super().generate(requests)
+
+
+class ProcessRestartEngine(ReferenceEngine):
+    """Restarts in a new process for every new config (as vLLM and SGLang do) and has a
+    ``preload`` (the imports of a start, here a short sleep), so that an IsolatedEngine's
+    spare process can be told from a cold one: ``warm()`` says whether this process preloaded."""
+
+    name = "process-restart"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._preloaded = False
+
+    def capabilities(self):
+        from dataclasses import replace
+
+        return replace(super().capabilities(), restart_in_process=False)
+
+    def preload(self) -> None:
+        time.sleep(0.5)
+        self._preloaded = True
+
+    def warm(self) -> tuple[int, bool]:
+        return os.getpid(), self._preloaded

@@ -115,3 +115,45 @@ def test_bad_engine_names_and_configs_are_clear_errors(tmp_path):
     with IsolatedEngine("reference") as eng:
         with pytest.raises(InvalidInput, match="'eagle'"):
             eng.start(engine_config(case, tmp_path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_spare_process_takes_the_next_restart_warm_and_ends_with_the_engine(tmp_path):
+    """IsolatedEngine(spare=True) keeps one more engine process started and preloaded: an engine
+    that restarts in a new process for a new config (and after a crash) takes it, a new spare
+    warms up behind it, and close() ends both."""
+    case = _clean("N1")
+    eng = IsolatedEngine("example_engines:ProcessRestartEngine", spare=True, log_dir=tmp_path / "logs")
+    assert eng.capabilities().restart_in_process is False
+    eng.start(engine_config(case, tmp_path / "a"))
+    first = eng.call("warm")
+    assert first[1] is False  # the first process was spawned cold
+    time.sleep(3)  # the spare spawned with the first process has preloaded by now
+    other = case.with_(spec=replace(case.spec, num_speculative_tokens=case.spec.num_speculative_tokens + 1))
+    eng.start(engine_config(other, tmp_path / "b"))  # a new config: a restart in a new process
+    second = eng.call("warm")
+    assert second[0] != first[0] and second[1] is True and eng.warm_starts == 1 and eng.starts == 2
+    assert not _alive(first[0])
+    spare_pid = eng._spare[0].pid
+    assert _alive(spare_pid)
+    run = run_case(eng, other, ckpt_root=tmp_path / "b", alpha=ALPHA, max_samples=200, batch=100)
+    assert run.crash is None and run.n == 200
+    eng.close()
+    time.sleep(0.5)
+    assert eng._spare is None and not _alive(spare_pid) and not _alive(second[0])
+
+
+def test_without_a_spare_every_restart_is_cold(tmp_path):
+    case = _clean("N1")
+    with IsolatedEngine("example_engines:ProcessRestartEngine", log_dir=tmp_path / "logs") as eng:
+        eng.start(engine_config(case, tmp_path / "a"))
+        other = case.with_(spec=replace(case.spec, num_speculative_tokens=case.spec.num_speculative_tokens + 1))
+        eng.start(engine_config(other, tmp_path / "b"))
+        assert eng.call("warm")[1] is False and eng.warm_starts == 0 and eng._spare is None
