@@ -66,6 +66,8 @@ def main() -> int:
     ap.add_argument("--known", type=Path, default=None,
                     help="a corpus folder whose entries the campaign starts with (known bugs are then seen again, not "
                          "shrunk again: a campaign resumed by a user who has its engine's findings already)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy the bench's corpus (new entries, campaign state, events) and engine logs here at the end")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -107,6 +109,12 @@ def main() -> int:
         stats = camp.run()
         wall = time.monotonic() - t0
         totals = dict(camp.totals)
+        if args.keep is not None:  # what the bench found is kept: a finding is a finding
+            import shutil
+
+            shutil.copytree(Path(tmp) / "corpus", args.keep / "corpus", dirs_exist_ok=True)
+            if (Path(tmp) / "wd" / "logs").is_dir():
+                shutil.copytree(Path(tmp) / "wd" / "logs", args.keep / "logs", dirs_exist_ok=True)
     start = bucket.get("start", 0.0) - bucket.get("swap_in_start", 0.0)
     swap = bucket.get("swap", 0.0)
     sample = bucket.get("sample", 0.0)

@@ -300,3 +300,19 @@ def test_draft_command_writes_to_drafts_stem_by_default_and_finds_entries_by_nam
     assert resolve_entry("regression-N5", corpus).name == "regression-N5.json"
     bad = CliRunner().invoke(main, ["draft", "no-such-entry"])
     assert bad.exit_code == 2 and "no such entry file" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_redraft_keeps_the_verification_of_an_unchanged_repro_and_drops_a_changed_ones(tmp_path):
+    """Redrafting (e.g. after a bisection added the releases affected) keeps the Verification
+    section only while repro.py is byte for byte the script that was run."""
+    from specfuzz.fuzz.draft.verify import SECTION, Verification, record
+
+    path = _engine_entry(tmp_path, {"name": "vllm", "version": "0.32.0"})
+    out = draft_entry(path, tmp_path / "d").out_dir
+    record(out / "ISSUE.md", Verification("FAIL", "engine: vllm 0.32.0", "2026-12-02T00:00:00+00:00", 12.0, 1, "FAIL", "python repro.py"))
+    draft_entry(path, out)
+    text = (out / "ISSUE.md").read_text()
+    assert text.count(SECTION) == 1 and "printed `FAIL` after 12 s" in text
+    (out / "repro.py").write_text((out / "repro.py").read_text() + "\n# edited\n")
+    draft_entry(path, out)
+    assert SECTION not in (out / "ISSUE.md").read_text()

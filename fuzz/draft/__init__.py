@@ -83,6 +83,24 @@ def load_entry(path: Path) -> Entry:
         raise DraftError(f"{path}: not a corpus entry ({type(exc).__name__}: {exc})") from None
 
 
+def _kept_verification(out: Path, repro: str) -> str:
+    """The Verification section of ``out``'s ISSUE.md when ``out``'s repro.py is ``repro``
+    unchanged (empty otherwise: a changed script has not been verified)."""
+    from specfuzz.fuzz.draft.verify import SECTION
+
+    try:
+        if (out / "repro.py").read_text(encoding="utf-8") != repro:
+            return ""
+        text = (out / "ISSUE.md").read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    i = text.find("\n" + SECTION + "\n")
+    if i < 0:
+        return ""
+    j = text.find("\n## ", i + len(SECTION) + 2)
+    return text[i + 1:] if j < 0 else text[i + 1:j + 1]
+
+
 def draft_entry(path: Path | str, out_dir: Path | str, *, samples: int | None = None, top: int = 12) -> DraftResult:
     """Write ISSUE.md, plot.png (not for crashes) and repro.py for one corpus entry."""
     path = Path(path)
@@ -97,11 +115,16 @@ def draft_entry(path: Path | str, out_dir: Path | str, *, samples: int | None = 
         plot_what = write_plot(data, out / "plot.png")
     title = issue_title(data)
     issue = render_issue(data, plot_what=plot_what, repro_samples=n_samples, top=top)
+    repro = render_repro(data, n_samples, title)
+    # A redraft (e.g. after `specfuzz bisect` added the releases affected) keeps the record of
+    # a verification of the same repro.py: only when the script is byte for byte the one run.
+    kept = _kept_verification(out, repro)
+    if kept:
+        issue = issue.rstrip("\n") + "\n\n" + kept.rstrip("\n") + "\n"
     (out / "ISSUE.md").write_text(issue, encoding="utf-8")
     files.append(out / "ISSUE.md")
     if plot_what:
         files.append(out / "plot.png")
-    repro = render_repro(data, n_samples, title)
     leaks = data.scrub.leaks(repro)
     if leaks:
         raise DraftError(f"refusing to write repro.py: it would contain machine-identifying text {leaks[:3]}")
