@@ -487,7 +487,8 @@ class PrebuiltEnvs:
     date (``released``), what it was built from (``built_from``), more folders to search after
     its own (``also``: dependencies shipped once for several releases) and environment
     variables it needs (``env``: an older release's knobs). The interpreter is the caller's
-    base Python (whose own site-packages provide torch and the rest).
+    own (``sys.executable``), whose site-packages provide torch and the rest: on a machine
+    whose Python is a virtual environment (the H200 image) the base interpreter has none of them.
     """
 
     deps = "bundled"
@@ -531,7 +532,7 @@ class PrebuiltEnvs:
         env = {str(k): str(v) for k, v in (meta.get("env") or {}).items()}
         if env:
             info["env"] = env
-        return EnvResult(package, release.version, "ready", base_python(), "", 0.0, True, info, tuple(extra), env)
+        return EnvResult(package, release.version, "ready", sys.executable, "", 0.0, True, info, tuple(extra), env)
 
     def disk_usage(self) -> int:
         return sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())
