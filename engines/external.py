@@ -106,6 +106,11 @@ class ExternalEngine(IsolatedEngine):
         env.update(self.extra_env)
         env["SPECFUZZ_PACKAGE_PATHS"] = json.dumps(package_paths())
         env["SPECFUZZ_SITE_DIRS"] = json.dumps(list(self.site_dirs))
+        if self.site_dirs:
+            # The child itself runs isolated (-I) and puts these first on its sys.path; processes
+            # the engine starts with a plain interpreter (vLLM 0.22-0.24 inspect the model class in
+            # a `python -m vllm.model_executor.models.registry` subprocess) find them here.
+            env["PYTHONPATH"] = os.pathsep.join(self.site_dirs)
         fd = child_sock.fileno()
         with open(self.log_path, "ab") as log:
             popen = subprocess.Popen([self.python, "-I", str(CHILD_SCRIPT), str(fd)], pass_fds=(fd,), env=env,

@@ -75,6 +75,12 @@ class ToyEngine(ReferenceEngine):
         return super().generate(requests)
 
     def start(self, config):
+        # As vLLM 0.22-0.24 inspect the model class: a plain interpreter in a subprocess must
+        # import this release (bisect's prebuilt releases: their site folder on its PYTHONPATH).
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-c", "import toy_engine"], check=True)
         spec = config.speculation
         if spec is not None and spec.method in REFUSES:
             raise InvalidInput("speculation method", spec.method, "not supported by toy-engine " + __version__)
