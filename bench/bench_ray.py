@@ -65,6 +65,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-setting", action="append", default=[], metavar="KEY=JSON")
     ap.add_argument("--known", type=Path, default=None, help="a corpus folder whose entries every configuration starts with")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy each configuration's corpus (new entries, campaign state) and engine logs to KEEP/<config>: "
+                         "what a bench finds is kept (a finding is a finding)")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -101,6 +104,12 @@ def main() -> int:
                                                        cpus_per_engine=args.cpus_per_engine))
                 if out.fatal is not None:
                     raise SystemExit(f"{n}x{g:g}: {out.fatal}")
+                if args.keep is not None:
+                    dest = args.keep / f"{n}x{g:g}"
+                    shutil.copytree(corpus, dest / "corpus", dirs_exist_ok=True)
+                    if (Path(tmp) / "wd").is_dir():
+                        shutil.copytree(Path(tmp) / "wd", dest / "wd", dirs_exist_ok=True,
+                                        ignore=shutil.ignore_patterns("*.safetensors", "checkpoints"))
                 summ = summary_rows(out.snapshot, out.run)
                 eng = out.totals.get("engine") or {}
                 sec = eng.get("seconds") or {}

@@ -15,6 +15,7 @@ import copy
 import importlib.metadata
 import importlib.util
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -316,3 +317,59 @@ def test_a_redraft_keeps_the_verification_of_an_unchanged_repro_and_drops_a_chan
     (out / "repro.py").write_text((out / "repro.py").read_text() + "\n# edited\n")
     draft_entry(path, out)
     assert SECTION not in (out / "ISSUE.md").read_text()
+
+
+def _repro_common(monkeypatch, vocab: int, max_tokens: int, depth=None):
+    """The repro template's shared part as a module, its data set for a small law."""
+    import specfuzz.fuzz.draft.templates.repro_common as rc
+
+    monkeypatch.setattr(rc, "VOCAB_SIZE", vocab)
+    monkeypatch.setattr(rc, "DEPTH", depth)
+    monkeypatch.setattr(rc, "SAMPLING", {"temperature": 1.0, "max_tokens": max_tokens})
+    return rc
+
+
+def _tree_law(root, rest, depth):
+    """mu over outputs of up to ``depth`` tokens over V=4, token 3 ends an output: the next token
+    after the empty prefix follows ``root``, after any other prefix ``rest``."""
+    mu = {}
+
+    def walk(prefix, p):
+        if len(prefix) == depth:
+            mu[prefix] = p
+            return
+        for s, q in enumerate(root if not prefix else rest):
+            if s == 3:
+                mu[prefix + (3,)] = p * q
+            else:
+                walk(prefix + (s,), p * q)
+
+    walk((), 1.0)
+    return mu
+
+
+def test_the_repro_e_value_is_a_fair_bet_under_mu_and_its_tree_part_finds_a_deviation_among_many_outputs(monkeypatch):
+    """repro.py's e-value (flat KT averaged with the token-by-token tree KT) has mean at most 1
+    under mu after 1, 2 and 3 samples (enumerated: a test supermartingale, so looking after every
+    batch is fine); a deviation of the first token's law, spread over 121 outputs, which the flat
+    test over all outputs misses at 3000 samples, the tree part finds."""
+    import itertools
+    from collections import Counter
+
+    rc = _repro_common(monkeypatch, vocab=4, max_tokens=4)
+    small = _tree_law([0.5, 0.3, 0.0, 0.2], [0.6, 0.3, 0.0, 0.1], depth=2)
+    outs = [y for y, p in small.items() if p > 0]
+    assert abs(sum(small.values()) - 1) < 1e-12
+    for n in (1, 2, 3):
+        mean = sum(math.prod(small[y] for y in ys) * math.exp(rc.log_e_value(Counter(ys), small, None))
+                   for ys in itertools.product(outs, repeat=n))
+        assert 0.1 < mean <= 1.0 + 1e-9, (n, mean)
+    rest = [0.3, 0.3, 0.2, 0.2]
+    mu = _tree_law([0.3, 0.3, 0.2, 0.2], rest, depth=4)
+    bad = _tree_law([0.38, 0.22, 0.2, 0.2], rest, depth=4)
+    assert len(mu) == 121
+    counts = Counter({y: round(3000 * p) for y, p in bad.items() if round(3000 * p)})
+    tree = rc.tree_log_e(Counter(counts), mu)
+    both = rc.log_e_value(counts, mu, None)
+    flat = 2 * math.exp(both) - math.exp(tree)  # E = (E_KT + E_tree) / 2
+    assert flat < 1 and tree >= math.log(2e3) and both >= math.log(1e3)  # FAIL at alpha = 1e-3 through the tree

@@ -17,9 +17,15 @@ Needs only {{NEEDS}}.
 2. Runs the engine with the finding's settings, one request (own seed) per sample.
 3. Tests the outputs against EXPECTED, the exact law mu of the request (computed by
    specfuzz's oracle when this script was drafted), with an anytime-valid e-value:
-   E = KT(counts) / mu(counts), a Krichevsky-Trofimov Dirichlet(1/2) mixture over the
+   E_KT = KT(counts) / mu(counts), a Krichevsky-Trofimov Dirichlet(1/2) mixture over the
    outputs mu allows plus one lumped cell for everything mu forbids (so any forbidden
-   output makes E infinite); with a suspected bug law muD, E = (E_KT + muD/mu) / 2.
+   output makes E infinite), and E_tree, the same bet made token by token: at each prefix
+   of the outputs a KT mixture over the next tokens (and the end) mu allows there bets
+   against mu's conditional (a prefix with one allowed next step bets nothing); E_tree is
+   the mean of the product over all prefixes and of a mixture over single prefixes
+   (weight (1/2)^(d+1) / V^d at length d), which has the power where one prefix deviates
+   among many outputs. E = (E_KT + E_tree) / 2; with a suspected bug law muD,
+   E = (E + muD/mu) / 2.
    Under mu, P(E ever reaches 1/alpha) <= alpha = {{ALPHA}}: looking after every batch is fine.
 The last line printed is FAIL (E >= 1/alpha) or PASS.
 """
@@ -223,7 +229,7 @@ def log_e_value(counts, mu, mud):
     log_kt = math.lgamma(a_total) - math.lgamma(a_total + n)
     log_kt += sum(math.lgamma(c + 0.5) - math.lgamma(0.5) for c in proj.values())
     log_mu = sum(c * math.log(mu[y]) for y, c in proj.items())
-    log_e = log_kt - log_mu
+    log_e = _log_mean(log_kt - log_mu, tree_log_e(proj, mu))
     if mud is not None:
         log_lr = 0.0
         for y, c in proj.items():
@@ -237,6 +243,48 @@ def log_e_value(counts, mu, mud):
             m = max(log_e, log_lr)
             log_e = m + math.log(math.exp(log_e - m) + math.exp(log_lr - m)) - math.log(2.0)
     return log_e
+
+
+def _log_mean(a, b):
+    m = max(a, b)
+    return m + math.log(math.exp(a - m) + math.exp(b - m)) - math.log(2.0)
+
+
+def tree_log_e(proj, mu):
+    """log E_tree (see the docstring) of the projected counts ``proj`` (every output allowed by mu)."""
+    mass, end = Counter(), {}  # mu's mass through each prefix; of the outputs ending there
+    for y, p in mu.items():
+        if p <= 0.0:
+            continue
+        for t in range(len(y) + 1):
+            mass[y[:t]] += p
+        if DEPTH is None or len(y) < DEPTH:
+            end[y] = p
+    seen = {}  # prefix -> Counter of what came next (a token, or None: the output ended)
+    for y, c in proj.items():
+        last = len(y) if DEPTH is None or len(y) < DEPTH else len(y) - 1
+        for t in range(last + 1):
+            seen.setdefault(y[:t], Counter())[y[t] if t < len(y) else None] += c
+    dense, sparse, w_seen = 0.0, [], 0.0
+    for ctx, cnt in seen.items():
+        allowed = {s: mass[ctx + (s,)] for s in range(VOCAB_SIZE) if mass.get(ctx + (s,), 0.0) > 0.0}
+        if end.get(ctx, 0.0) > 0.0:
+            allowed[None] = end[ctx]
+        # KT over the next steps mu allows (an output mu forbids has already made E infinite): a
+        # prefix with one allowed next step bets nothing.
+        n = sum(cnt.values())
+        a_total = 0.5 * len(allowed)
+        log_kt = math.lgamma(a_total) - math.lgamma(a_total + n) + sum(math.lgamma(c + 0.5) - math.lgamma(0.5) for c in cnt.values())
+        log_ctx = log_kt - sum(c * math.log(allowed[s] / mass[ctx]) for s, c in cnt.items())
+        dense += log_ctx
+        # prior weight of a prefix of length d: (1/2)^(d+1) / V^d (at most 1 over all prefixes)
+        log_w = (len(ctx) + 1) * math.log(0.5) - len(ctx) * math.log(VOCAB_SIZE)
+        sparse.append(log_w + log_ctx)
+        w_seen += math.exp(log_w)
+    sparse.append(math.log(max(1.0 - w_seen, 1e-300)))  # the prefixes never reached bet nothing
+    m = max(sparse)
+    log_sparse = m + math.log(sum(math.exp(v - m) for v in sparse))
+    return _log_mean(dense, log_sparse)
 
 
 def fmt_e(log_e):
