@@ -80,7 +80,9 @@ class ToyEngine(ReferenceEngine):
         import subprocess
         import sys
 
-        subprocess.run([sys.executable, "-c", "import toy_engine"], check=True)
+        # (found, not imported: this module needs specfuzz, which only the engine process is given)
+        subprocess.run([sys.executable, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('toy_engine') is None)"],
+                       check=True)
         spec = config.speculation
         if spec is not None and spec.method in REFUSES:
             raise InvalidInput("speculation method", spec.method, "not supported by toy-engine " + __version__)
