@@ -97,6 +97,10 @@ class ExternalEngine(IsolatedEngine):
         self.python = str(python)
         self.extra_env = dict(env or {})
         self.site_dirs = tuple(str(d) for d in site_dirs)
+        self.spare_enabled = False  # a spare would be a multiprocessing child of this interpreter, not ``python``
+
+    def _ensure_spare(self) -> None:
+        """No spare process: this engine's processes run another interpreter (see _spawn)."""
 
     def _spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair()
