@@ -176,17 +176,9 @@ def _records(engine: str, method: str, mode: str, items: Sequence[tuple[EncodedP
 
 def _batches(requests: list[Request]) -> list[list[Request]]:
     """Seeded requests cut into batches of at most SEEDED_BATCH_PROMPT_TOKENS prompt tokens."""
-    if all(r.seed is None for r in requests):
-        return [requests]
-    out: list[list[Request]] = [[]]
-    total = 0
-    for r in requests:
-        if out[-1] and total + len(r.prompt) > SEEDED_BATCH_PROMPT_TOKENS:
-            out.append([])
-            total = 0
-        out[-1].append(r)
-        total += len(r.prompt)
-    return out
+    from specfuzz.fuzz.run import split_calls
+
+    return split_calls(requests, SEEDED_BATCH_PROMPT_TOKENS)
 
 
 def _generate(engine, requests: list[Request], one_at_a_time: bool) -> tuple[list[Completion], list[float]]:

@@ -712,7 +712,7 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check, jun
     from specfuzz.cli_input import entry_problem
     from specfuzz.fuzz.corpus import Corpus, Entry
     from specfuzz.fuzz.results import ReplayRow, replay_results, write_reports
-    from specfuzz.fuzz.run import entry_call_prompt_tokens, entry_crash_batch, run_case
+    from specfuzz.fuzz.run import entry_replay_calls, run_case
 
     t0 = time.monotonic()
     items: list[tuple[Path, Entry]] = []
@@ -770,9 +770,7 @@ def replay_cmd(paths, engine, inject, samples, alpha, seed, work_dir, check, jun
             case = Case.from_json(e.case)
             profile = eng.capabilities().profile
             run = run_case(eng, case, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
-                           seed=seed, profile=profile, speculation=e.kind != "calibration",
-                           call_prompt_tokens=entry_call_prompt_tokens(e),
-                           **({"batch": entry_crash_batch(e)} if e.kind == "crash" else {}))
+                           seed=seed, profile=profile, speculation=e.kind != "calibration", **entry_replay_calls(e))
             if run.crash is not None:
                 now, ev, attr = f"crash ({run.crash.kind})", "-", "-"
                 detail = f"engine {run.crash.kind}: {run.crash.detail}"

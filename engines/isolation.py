@@ -159,7 +159,8 @@ def _kill_live_children() -> None:
 
 
 def _end_process(proc, conn) -> None:
-    """Kill a child engine process and its process group (a spare: nothing to close in it)."""
+    """Kill a child engine process and its process group (the child leads its own group: its
+    helpers, e.g. vLLM's engine-core processes, go down with it), and close its connection."""
     try:
         if proc.is_alive():
             proc.kill()
@@ -167,10 +168,11 @@ def _end_process(proc, conn) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, OSError, ValueError):
         pass
-    try:
-        conn.close()
-    except OSError:
-        pass
+    if conn is not None:
+        try:
+            conn.close()
+        except OSError:
+            pass
 
 
 def _error_reply(exc: BaseException) -> tuple:
@@ -278,17 +280,9 @@ class IsolatedEngine:
             _end_process(spare[0], spare[1])
 
     def _kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(10)
         if self._proc is not None:
-            # The child leads its own process group: take its helpers (e.g. vLLM's
-            # engine-core processes) down with it.
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if self._conn is not None:
+            _end_process(self._proc, self._conn)
+        elif self._conn is not None:
             self._conn.close()
         self._proc, self._conn, self._config = None, None, None
         if self._spare is None:

@@ -370,10 +370,11 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
         eng.start(engine_config(case, rr.work_dir / "checkpoints", dtype=entry_dtype(entry),
                                 settings=entry_settings(entry) or None))
         batch = entry_crash_batch(entry)  # the batch it crashed in: some crashes need all of it
+        split = entry_call_prompt_tokens(entry)  # as the campaign's calls were cut
         while sent < requests:
             k = min(batch, requests - sent)
             reqs = [Request(pr, params, seed + sent + j) for j, (pr, params) in enumerate(islice(cycle(patterns), k))]
-            for part in split_calls(reqs, entry_call_prompt_tokens(entry)):  # as the campaign's calls were cut
+            for part in split_calls(reqs, split):
                 eng.generate(part)
             sent += k
     except EngineCrash as exc:

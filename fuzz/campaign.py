@@ -360,6 +360,7 @@ class Campaign:
         self._acct = {"start": 0.0, "swap": 0.0, "sample": 0.0}  # engine seconds already added to totals
         self._shrinking = False  # a failure or crash is being shrunk, confirmed or stored
         self._shrink_started = 0.0  # when the current search's failure began shrinking (monotonic; 0: not)
+        self._last_call: tuple[int, int | None] = (0, None)  # the last run's largest call and split (_run)
         self.shape: StartShape | None = None
         # Keys of the simplest families (one per method order) already run: Hypothesis
         # starts every search with its simplest example, and a slow engine's search sees
@@ -594,7 +595,7 @@ class Campaign:
                 self.stats.findings_updated += 1
                 self.on_event(f"crash ({crash.kind}) seen again: {crash.detail[:100]} -> {known.name}", self.stats)
                 return
-        call_requests, split = getattr(self, "_last_call", (0, None))
+        call_requests, split = self._last_call
         entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
                             settings=dict(self.cfg.engine_settings), family=family or [case],
                             batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
@@ -633,7 +634,7 @@ class Campaign:
         drawn (the first search of a method draws its simplest shape)."""
         caps = self.engine.capabilities()
         self._profile = caps.profile
-        if index == 1 or not self.engine.spare_enabled:
+        if not self.engine.spare_enabled:
             # Known once the engine answered: whether its restarts take a spare process.
             self.engine.spare_enabled = self._spares()
             self.engine._ensure_spare()

@@ -208,7 +208,7 @@ def split_calls(requests: list[Request], prompt_tokens: int | None) -> list[list
     """``requests`` cut, in order, into calls of at most ``prompt_tokens`` prompt tokens each
     (a longer prompt goes alone); one call when there is no limit or no request is seeded."""
     if not prompt_tokens or all(r.seed is None for r in requests):
-        return [requests] if requests else []
+        return [requests]
     out: list[list[Request]] = [[]]
     total = 0
     for r in requests:
@@ -225,6 +225,15 @@ def entry_call_prompt_tokens(entry: Entry) -> int | None:
     its replays; None (one call per batch) for entries found without one."""
     v = entry.extra.get("call_prompt_tokens")
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def entry_replay_calls(entry: Entry) -> dict:
+    """run_family/run_case keyword arguments that replay an entry's calls as it was found: the
+    split of its seeded calls and, for a crash, the batch it crashed in."""
+    calls: dict = {"call_prompt_tokens": entry_call_prompt_tokens(entry)}
+    if entry.kind == "crash":
+        calls["batch"] = entry_crash_batch(entry)
+    return calls
 
 
 def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: CaseTest | None = None, **kw) -> CaseRun:

@@ -219,12 +219,11 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     ``attempts``: runs per candidate (fresh seeds) before it counts as not reproducing, for
     crashes that do not happen every time (uninitialised memory, races)."""
     from specfuzz.engines.isolation import EngineCrash
-    from specfuzz.fuzz.run import entry_call_prompt_tokens, entry_crash_batch, run_case
+    from specfuzz.fuzz.run import entry_replay_calls, run_case
 
     profile = engine.capabilities().profile
     # Candidates run as the entry was run: its split of generate calls, a crash's batch.
-    calls = {"call_prompt_tokens": entry_call_prompt_tokens(entry),
-             **({"batch": entry_crash_batch(entry)} if entry.kind == "crash" else {})}
+    calls = entry_replay_calls(entry)
     want_crash = _crash_key_of(entry.extra.get("crash_kind"), entry.evidence) if entry.kind == "crash" else None
     label = entry.label
     counter = [seed]

@@ -607,7 +607,7 @@ class Rerunner:
         from specfuzz.case import Case
         from specfuzz.engines.isolation import EngineCrash
         from specfuzz.errors import InvalidInput, SpecfuzzError
-        from specfuzz.fuzz.run import entry_call_prompt_tokens, entry_crash_batch, run_case
+        from specfuzz.fuzz.run import entry_replay_calls, run_case
 
         try:
             spec, kw = self.engine_spec(entry)
@@ -619,8 +619,7 @@ class Rerunner:
             run = run_case(eng, case, ckpt_root=self.work_dir / "checkpoints", alpha=self.alpha,
                            max_samples=self.samples, seed=seed, profile=profile,
                            speculation=entry.kind != "calibration", dtype=entry_dtype(entry),
-                           settings=entry_settings(entry) or None, call_prompt_tokens=entry_call_prompt_tokens(entry),
-                           **({"batch": entry_crash_batch(entry)} if entry.kind == "crash" else {}))
+                           settings=entry_settings(entry) or None, **entry_replay_calls(entry))
         except EngineCrash as exc:
             return RunOutcome("crash", seed, 0, None, _clip(str(exc), 300))
         except InvalidInput as exc:  # the engine refuses the case: what it allows says why (the value can be long)

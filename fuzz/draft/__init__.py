@@ -86,7 +86,7 @@ def load_entry(path: Path) -> Entry:
 def _kept_verification(out: Path, repro: str) -> str:
     """The Verification section of ``out``'s ISSUE.md when ``out``'s repro.py is ``repro``
     unchanged (empty otherwise: a changed script has not been verified)."""
-    from specfuzz.fuzz.draft.verify import SECTION
+    from specfuzz.fuzz.draft.verify import section_span
 
     try:
         if (out / "repro.py").read_text(encoding="utf-8") != repro:
@@ -94,11 +94,8 @@ def _kept_verification(out: Path, repro: str) -> str:
         text = (out / "ISSUE.md").read_text(encoding="utf-8")
     except OSError:
         return ""
-    i = text.find("\n" + SECTION + "\n")
-    if i < 0:
-        return ""
-    j = text.find("\n## ", i + len(SECTION) + 2)
-    return text[i + 1:] if j < 0 else text[i + 1:j + 1]
+    span = section_span(text)
+    return "" if span is None else text[span[0]:span[1]]
 
 
 def draft_entry(path: Path | str, out_dir: Path | str, *, samples: int | None = None, top: int = 12) -> DraftResult:

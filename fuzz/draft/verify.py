@@ -122,14 +122,23 @@ def section(v: Verification, scrub=None) -> str:
     return "\n".join(L)
 
 
+def section_span(text: str) -> tuple[int, int] | None:
+    """Where an ISSUE.md's Verification section is: (start, end) of its lines, up to the next
+    section or the end; None when it has none."""
+    i = text.find("\n" + SECTION + "\n")
+    if i < 0:
+        return None
+    j = text.find("\n## ", i + len(SECTION) + 2)
+    return i + 1, (len(text) if j < 0 else j + 1)
+
+
 def record(issue_path: Path, v: Verification, scrub=None) -> None:
     """Write (or replace) the Verification section of an ISSUE.md."""
     p = Path(issue_path)
     text = p.read_text(encoding="utf-8")
-    i = text.find("\n" + SECTION + "\n")
-    if i >= 0:
-        j = text.find("\n## ", i + len(SECTION) + 2)
-        text = text[: i + 1] + (text[j + 1:] if j >= 0 else "")
+    span = section_span(text)
+    if span is not None:
+        text = text[:span[0]] + text[span[1]:]
     text = text.rstrip("\n") + "\n\n" + section(v, scrub).rstrip("\n") + "\n"
     p.write_text(text, encoding="utf-8")
 
