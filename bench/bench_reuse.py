@@ -47,6 +47,25 @@ def _timed(cls, name: str, bucket: dict, key: str) -> None:
     setattr(cls, name, wrapper)
 
 
+def _profile_summary(folder: Path, top: int = 45) -> None:
+    """DIR/summary.txt: the top functions by cumulative and by own time, driver and engines."""
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    for f in sorted(folder.glob("*.prof")):
+        try:
+            st = pstats.Stats(str(f), stream=buf)
+        except (OSError, TypeError, EOFError) as exc:
+            buf.write(f"== {f.name}: unreadable ({exc})\n")
+            continue
+        buf.write(f"== {f.name}: cumulative\n")
+        st.sort_stats("cumulative").print_stats(top)
+        buf.write(f"== {f.name}: own time\n")
+        st.sort_stats("tottime").print_stats(top)
+    (folder / "summary.txt").write_text(buf.getvalue())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="vllm")
@@ -68,6 +87,9 @@ def main() -> int:
                          "shrunk again: a campaign resumed by a user who has its engine's findings already)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="copy the bench's corpus (new entries, campaign state, events) and engine logs here at the end")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="profile the campaign (cProfile: DIR/driver.prof) and every engine process "
+                         "(DIR/engine-<pid>.prof, engines/isolation.py PROFILE_ENV); DIR/summary.txt lists the top functions")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -104,10 +126,24 @@ def main() -> int:
             pass  # code from before swaps: a start per table model anyway
         if "spare_engines" in CampaignConfig.__dataclass_fields__:
             kw["spare_engines"] = {"auto": None, "on": True, "off": False}[args.spare]
+        prof = None
+        if args.profile is not None:
+            import cProfile
+            import os
+
+            args.profile.mkdir(parents=True, exist_ok=True)
+            os.environ[isolation.PROFILE_ENV] = str(args.profile.resolve())  # before any engine process
+            prof = cProfile.Profile()
         camp = Campaign(CampaignConfig(**kw))
+        if prof is not None:
+            prof.enable()
         t0 = time.monotonic()
         stats = camp.run()
         wall = time.monotonic() - t0
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(str(args.profile / "driver.prof"))
+            _profile_summary(args.profile)
         totals = dict(camp.totals)
         if args.keep is not None:  # what the bench found is kept: a finding is a finding
             import shutil
@@ -143,6 +179,7 @@ def main() -> int:
         "stored": list(stats.stored),
         "known": str(args.known) if args.known else None,
         "findings_seen_again": getattr(stats, "findings_updated", 0),
+        "calibration_known": getattr(stats, "calibration_known", 0),
         "share": {k: round(v / wall, 3) for k, v in (("start", start), ("swap", swap), ("sample", sample),
                                                       ("other", max(0.0, wall - start - swap - sample)))},
         "campaign_time_totals": (totals.get("engine") or {}).get("seconds"),

@@ -52,6 +52,33 @@ NON_DAEMON_ENGINES = frozenset({"specfuzz.engines.sglang_engine:SGLangEngine"})
 LOG_TAIL_BYTES = 8000
 # How often the child checks that its parent is still alive (seconds).
 PARENT_POLL_S = 1.0
+# SPECFUZZ_PROFILE_DIR=<folder>: every engine child profiles itself (cProfile: what the
+# adapter and an in-process engine do per command) into <folder>/engine-<pid>.prof, written
+# at most every PROFILE_DUMP_S seconds and when it closes (bench/bench_reuse.py --profile).
+PROFILE_ENV = "SPECFUZZ_PROFILE_DIR"
+PROFILE_DUMP_S = 20.0
+
+
+class _ChildProfile:  # pragma: no cover - runs in the child
+    def __init__(self) -> None:
+        folder = os.environ.get(PROFILE_ENV)
+        self.prof = None
+        if folder:
+            import cProfile
+
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            self.path = os.path.join(folder, f"engine-{os.getpid()}.prof")
+            self.prof = cProfile.Profile()
+            self.prof.enable()
+            self.dumped = time.monotonic()
+
+    def dump(self, force: bool = False) -> None:
+        if self.prof is None or (not force and time.monotonic() - self.dumped < PROFILE_DUMP_S):
+            return
+        self.prof.dump_stats(self.path)  # (disables the profiler)
+        self.dumped = time.monotonic()
+        if not force:
+            self.prof.enable()
 
 
 class EngineCrash(SpecfuzzError):
@@ -115,19 +142,23 @@ def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str
                 fn()
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
+    profile = _ChildProfile()
     while True:
+        profile.dump()
         try:
             cmd, args = conn.recv()
         except EOFError:
             close = getattr(engine, "close", None)
             if close:
                 close()
+            profile.dump(force=True)
             return
         try:
             if cmd == "close":
                 close = getattr(engine, "close", None)
                 if close:
                     close()
+                profile.dump(force=True)
                 conn.send(("ok", None))
                 return
             method = getattr(engine, cmd, None)

@@ -51,7 +51,7 @@ from hypothesis.errors import Flaky, HypothesisException
 from specfuzz.case import Case
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
-from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json, now_iso
+from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json, calibration_key, mark_seen_again
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.exampledb import FailuresOnly
 from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, finding_entry, run_family
@@ -76,7 +76,7 @@ SHRINK_SHARE = 0.15
 SEARCH_SLICE_MIN_S = 20.0
 # A search runs at least this many times the engine's (typical) start time, so that an
 # engine start is amortised over many swapped table models.
-SLICE_START_FACTOR = 4.0
+SLICE_START_FACTOR = 8.0
 # Start time assumed before the first start was measured (seconds).
 FIRST_START_GUESS_S = 30.0
 # After each method's first search (at its engine defaults), every DEFAULT_EVERY-th search
@@ -307,6 +307,8 @@ class CampaignStats:
     candidates: int = 0  # patterns whose test crossed the screening level
     confirmations: int = 0  # confirmation runs (each spent its α_j)
     confirmed: int = 0
+    calibration_checks: int = 0  # candidates run with speculation off (a stored calibration bug shares their features)
+    calibration_known: int = 0  # ... that failed there too: a stored calibration bug met again, not shrunk
     unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
     budget: object = None  # the α ledger's ConfirmationBudget, as last read
     stored: list[str] = field(default_factory=list)
@@ -378,6 +380,13 @@ class Campaign:
         # The stored entry of each crash (kind and message, numbers aside; a shrunk one
         # preferred): the same crash met again, under other sampling settings, marks that
         # entry seen again instead of storing one more entry of the same bug.
+        # The stored calibration entry of each target-sampler bug (corpus.calibration_key: engine
+        # and sampling features, any speculation method): a speculative candidate that fails
+        # with speculation off too and shares a key is that entry seen again (_known_calibration).
+        self.calibration_entries: dict[str, Path] = {
+            calibration_key(str(e.engine.get("name")), e.case): path
+            for path, e in self.corpus.entries() if isinstance(e, Entry) and e.kind == "calibration"
+        }
         self.crash_entries: dict[str, Path] = {}
         for path, e in sorted(self.corpus.entries(), key=lambda pe: isinstance(pe[1], Entry) and pe[1].extra.get("shrunk") is True):
             if isinstance(e, Entry) and e.kind == "crash":
@@ -564,6 +573,34 @@ class Campaign:
             self._spec_off_engine = self._new_engine()
         return self._run([case], [alpha], seed, speculation=False, engine=self._spec_off_engine)[0]
 
+    def _known_calibration(self, run: CaseRun, seed: int) -> bool:
+        """Whether a speculative candidate is a stored calibration bug met again.
+
+        Only where a stored calibration entry of this engine shares the case's sampling
+        features (corpus.calibration_key: any speculation method): the case is run with
+        speculation off on the speculation-off engine (its tables swapped in and checked) at
+        the screening level. If that fails too, the candidate is the target sampler's bug, not
+        speculation's: the entry is marked seen again (once per run, after a confirmation with
+        speculation off on a freshly started engine at the next α_j) and the candidate is not
+        confirmed, shrunk or stored again. Otherwise it goes on as any candidate."""
+        key = calibration_key(str(self.engine.version().get("name")), run.case.to_json())
+        path = self.calibration_entries.get(key)
+        if path is None:
+            return False
+        self.stats.calibration_checks += 1
+        calib = self._calibrate(run.case, seed=seed, alpha=self.cfg.screen_alpha)
+        if not calib.failed:
+            return False
+        if key not in self.seen_again:
+            if not self._confirm(calib, speculation=False)[0].failed:
+                return False
+            self.seen_again.add(key)
+            if mark_seen_again(path):
+                self.stats.findings_updated += 1
+            self.on_event(f"calibration bug seen again (speculation off fails too): {path.name}", self.stats)
+        self.stats.calibration_known += 1
+        return True
+
     def _confirm(self, run: CaseRun, speculation: bool) -> tuple[CaseRun, int]:
         """A candidate run again on fresh samples (its own seed window), on a freshly
         started engine, at the next confirmation's α_j (spent and written to the ledger
@@ -582,16 +619,7 @@ class Campaign:
         known = self.crash_entries.get(crash_key(crash))
         if not shrunk and known is not None and known.exists():
             # A crash already stored (found with other settings): that entry is seen again.
-            try:
-                old = Entry.from_json(json.loads(known.read_text()))
-            except (OSError, ValueError, KeyError, TypeError):
-                old = None
-            if old is not None:
-                old.last_seen = now_iso()
-                old.times_seen += 1
-                if old.status == "fixed":
-                    old.status = "new"  # it came back
-                atomic_write_json(known, old.to_json())
+            if mark_seen_again(known):
                 self.stats.findings_updated += 1
                 self.on_event(f"crash ({crash.kind}) seen again: {crash.detail[:100]} -> {known.name}", self.stats)
                 return
@@ -820,6 +848,8 @@ class Campaign:
                 label = r.judgement.attribution.label if r.judgement.attribution else None
                 if label_of_first and label != label_of_first[0] and label_of_first[0] not in (None, "unknown"):
                     continue  # while shrinking, only the same bug counts (an unattributed one may become attributable)
+                if not label_of_first and speculation and self._known_calibration(r, next_seed()):
+                    continue  # a stored calibration bug, met under another speculation setting
                 if not label_of_first and (sig := self._entry_for(r).signature) in self.known:
                     # A known bug: confirmed once per run, then marked seen again.
                     if sig not in self.seen_again and self._confirm(r, speculation)[0].failed:
@@ -912,6 +942,8 @@ class Campaign:
         self.known.add(entry.signature)
         self.stats.findings_new += int(new)
         self.stats.findings_updated += int(not new)
+        if entry.kind == "calibration":
+            self.calibration_entries.setdefault(calibration_key(str(entry.engine.get("name")), entry.case), path)
         if new:
             self.stats.stored.append(path.name)
         self.on_event(f"stored {entry.kind} {path.name} ({entry.label})", self.stats)

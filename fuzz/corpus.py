@@ -112,6 +112,35 @@ def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None
     return h.hexdigest()[:16]
 
 
+def calibration_key(engine_name: str, case_json: Mapping) -> str:
+    """A target-sampler bug regardless of the speculation around it.
+
+    A calibration failure (the engine with speculation off disagrees with μ) depends on the
+    engine and the sampling features in play, not on the speculation method, verification
+    mode or draft that the failing case happened to carry: one bug met under ngram and
+    under draft_model has two signatures (:func:`signature` keeps the method) but one key.
+    Campaigns use it to recognise a stored calibration bug met again under another method
+    (``Campaign._known_calibration``); stored entries keep their signatures and file names.
+    """
+    feats = ["calibration", engine_name, _active_features(case_json)]
+    return hashlib.sha256(json.dumps(feats, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def mark_seen_again(path: Path) -> bool:
+    """Mark the stored entry at ``path`` seen again (last_seen, times_seen; a "fixed" one
+    comes back as "new"); False, and nothing written, when it cannot be read."""
+    try:
+        old = Entry.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    old.last_seen = now_iso()
+    old.times_seen += 1
+    if old.status == "fixed":
+        old.status = "new"  # it came back
+    atomic_write_json(path, old.to_json())
+    return True
+
+
 @dataclass
 class Entry:
     kind: str  # one of ENTRY_KINDS

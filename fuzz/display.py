@@ -30,7 +30,8 @@ def _stats_table(cfg, stats) -> Table:
     t.add_row("cases", f"{stats.cases} families, {stats.patterns} request patterns, {stats.rejected} rejected (ambiguous)"
               + (f", {stats.refused} refused by the engine" if stats.refused else ""))
     t.add_row("samples", f"{stats.samples:,}")
-    t.add_row("findings", f"{stats.findings_new} new, {stats.findings_updated} seen again")
+    t.add_row("findings", f"{stats.findings_new} new, {stats.findings_updated} seen again"
+              + (f" ({stats.calibration_known} candidates were stored calibration bugs)" if getattr(stats, "calibration_known", 0) else ""))
     for label, text in _alpha_rows(cfg, stats, elapsed):
         t.add_row(label, text)
     t.add_row("crashes", str(stats.crashes))

@@ -231,3 +231,21 @@ class ProcessRestartEngine(ReferenceEngine):
 
     def warm(self) -> tuple[int, bool]:
         return os.getpid(), self._preloaded
+
+
+class TemperatureBugEngine(ReferenceEngine):
+    """The reference engine whose target sampler ignores the temperature, with speculation on
+    or off: a calibration bug (the engine with speculation off disagrees with μ) that every
+    speculation method meets."""
+
+    name = "temperature-bug"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        import dataclasses
+
+        fixed = [dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=1.0))
+                 if not r.params.greedy else r for r in requests]
+        return super().generate(fixed)

@@ -1,0 +1,82 @@
+"""A stored calibration bug met again under another speculation method is seen again, not
+shrunk and stored once more (Campaign._known_calibration, corpus.calibration_key)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specfuzz.case import Case
+from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+from specfuzz.fuzz.corpus import Corpus, Entry, calibration_key, signature
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _case(method: str, **params) -> Case:
+    base = Case.from_json(json.loads((REPO / "corpus" / "regression" / "regression-N1.json").read_text())["case"])
+    table = np.array([[2.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    spec = base.spec.__class__.from_json({**base.spec.to_json(), "method": method})
+    return base.with_(target_table=table, params=base.params.__class__.from_json({**base.params.to_json(), **params}),
+                      spec=spec, draft_table=table.copy() if method == "draft_model" else None)
+
+
+def _store_calibration(corpus: Path, engine_name: str, case: Case) -> Path:
+    entry = Entry(kind="calibration", engine={"name": engine_name}, case=case.to_json(), evidence="stored by the test")
+    path, new = Corpus(corpus).store(entry)
+    assert new
+    return path
+
+
+def test_calibration_key_ignores_the_speculation_method_but_not_the_sampling_features():
+    a, b = _case("draft_model", temperature=0.5).to_json(), _case("ngram", temperature=0.5).to_json()
+    assert signature("calibration", "e", a, None) != signature("calibration", "e", b, None)  # signatures keep the method
+    assert calibration_key("e", a) == calibration_key("e", b)
+    assert calibration_key("e", a) != calibration_key("e", _case("ngram", temperature=0.5, top_k=1).to_json())
+    assert calibration_key("e", a) != calibration_key("other", a)
+
+
+def test_a_stored_calibration_bug_met_under_another_method_is_seen_again_and_not_shrunk(tmp_path):
+    corpus = tmp_path / "corpus"
+    stored = _store_calibration(corpus, "temperature-bug", _case("draft_model", temperature=0.5))
+    camp = Campaign(CampaignConfig(engine="example_engines:TemperatureBugEngine", corpus_dir=corpus,
+                                   work_dir=tmp_path / "work", budget_s=60))
+    camp._profile = camp.engine.capabilities().profile  # as a search's start shape sets it
+    try:
+        run = camp._run([_case("ngram", temperature=0.5)], [camp.cfg.screen_alpha], seed=11)[0]
+        assert run.failed  # with speculation on, the candidate a search would shrink
+        assert camp._known_calibration(run, seed=12)
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        assert camp.stats.calibration_known == 1 and camp.stats.confirmations == 1
+        # Met again in the same run: recognised again, marked (and confirmed) once per run.
+        assert camp._known_calibration(run, seed=13)
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        assert camp.stats.calibration_known == 2 and camp.stats.confirmations == 1
+        # Other sampling features: no stored calibration bug shares them; nothing is run.
+        other = camp._run([_case("ngram", temperature=0.5, top_k=1)], [camp.cfg.screen_alpha], seed=14)[0]
+        checks = camp.stats.calibration_checks
+        assert not camp._known_calibration(other, seed=15)
+        assert camp.stats.calibration_checks == checks
+    finally:
+        for e in camp._engines:
+            e.close()
+    assert sorted(p.name for p in corpus.glob("*.json")) == [stored.name]
+
+
+def test_a_candidate_that_passes_with_speculation_off_is_not_taken_for_the_stored_calibration_bug(tmp_path):
+    # The correct reference engine with speculation off agrees with μ: a stored calibration
+    # entry with the same features (say, from an older engine version) does not hide the candidate.
+    corpus = tmp_path / "corpus"
+    stored = _store_calibration(corpus, "reference", _case("draft_model", temperature=0.5))
+    camp = Campaign(CampaignConfig(engine="reference", corpus_dir=corpus, work_dir=tmp_path / "work", budget_s=60))
+    camp._profile = camp.engine.capabilities().profile
+    try:
+        run = camp._run([_case("ngram", temperature=0.5)], [camp.cfg.screen_alpha], seed=11)[0]
+        assert not camp._known_calibration(run, seed=12)
+        assert camp.stats.calibration_checks == 1 and camp.stats.calibration_known == 0
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 1
+    finally:
+        for e in camp._engines:
+            e.close()
