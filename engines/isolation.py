@@ -154,6 +154,9 @@ def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str
             profile.dump(force=True)
             return
         try:
+            if cmd == "ping":  # IsolatedEngine._await_ready: the process is up (imports, preload done)
+                conn.send(("ok", None))
+                continue
             if cmd == "close":
                 close = getattr(engine, "close", None)
                 if close:
@@ -268,6 +271,8 @@ class IsolatedEngine:
         self.spare_enabled = bool(spare)
         self._spare: tuple[Any, Any, Path] | None = None  # (process, connection, log path)
         self._spawned = 0
+        self._unready = False  # a new process that has not answered yet (see _await_ready)
+        self._starting = False  # inside start()
         self.warm_starts = 0  # starts that took the spare process
 
     # -- process management ------------------------------------------------------------
@@ -294,8 +299,20 @@ class IsolatedEngine:
             proc, parent, self.log_path = self._new_process(preload=False)
         self._proc, self._conn = proc, parent
         self._config = None
+        self._unready = True
         _LIVE.add(self)
         self._ensure_spare()
+
+    def _await_ready(self, timeout: float) -> None:
+        """Wait until a new engine process answers (its imports; a spare's preload): part of
+        an engine start, counted in ``seconds["start"]`` whatever the first command is."""
+        self._unready = False
+        t0 = time.monotonic()
+        try:
+            self._call("ping", timeout=timeout)
+        finally:
+            if not self._starting:  # within start(), start() counts it
+                self.seconds["start"] += time.monotonic() - t0
 
     def _ensure_spare(self) -> None:
         if self.spare_enabled and (self._spare is None or not self._spare[0].is_alive()):
@@ -331,6 +348,9 @@ class IsolatedEngine:
     def _call(self, cmd: str, *args: Any, timeout: float) -> Any:
         if self._proc is None:
             self._spawn()
+        if self._unready and cmd not in ("start", "ping"):  # start() counts its own wait
+            self._await_ready(timeout)
+        self._unready = False
         assert self._conn is not None and self._proc is not None
         try:
             self._conn.send((cmd, args))
@@ -401,6 +421,13 @@ class IsolatedEngine:
         do): in its live process where the engine restarts in-process
         (``Capabilities.restart_in_process``), else in a new process.
         """
+        self._starting = True
+        try:
+            self._start(config, fresh)
+        finally:
+            self._starting = False
+
+    def _start(self, config: EngineConfig, fresh: bool) -> None:
         if fresh and self._proc is not None and not getattr(self.capabilities(), "restart_in_process", True):
             self.close(keep_spare=True)
         if self._proc is not None and self._config == config and not fresh:

@@ -13,7 +13,8 @@ Defaults (:data:`DEFAULT_SETTINGS`), overridden by the site-wide ``SPECFUZZ_SGLA
 (JSON), then by the constructor's keyword arguments, then by ``EngineConfig.settings``:
 ``attention_backend="triton"``, ``sampling_backend="pytorch"`` (the FlashAttention 3 and
 FlashInfer JIT parts are not shipped to the H200), ``disable_cuda_graph=True``,
-``mem_fraction_static=0.15``, ``max_total_tokens=65536``, ``skip_tokenizer_init=True``,
+``mem_fraction_static=0.15``, ``max_total_tokens=65536``, ``max_running_requests=512`` (SGLang's
+own default with speculation is 48), ``skip_tokenizer_init=True``,
 ``log_level="error"``; ``context_length`` is ``EngineConfig.max_model_len`` and ``dtype``
 ``EngineConfig.dtype``. Every other key goes to ``sglang.Engine`` as is, after a run-time
 check against ``dataclasses.fields(ServerArgs)``: a key this SGLang version lacks is an
@@ -96,6 +97,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "disable_cuda_graph": True,
     "mem_fraction_static": 0.15,
     "max_total_tokens": 65536,
+    # SGLang resets an unset max_running_requests to 48 for every speculative algorithm
+    # (arg_groups/speculative_hook.py), and a campaign's batch of 3000 requests then runs in
+    # ~60 waves; table models are tiny, so the adapter runs up to 512 at once.
+    "max_running_requests": 512,
     "skip_tokenizer_init": True,
     "log_level": "error",
 }

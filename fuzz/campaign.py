@@ -51,7 +51,9 @@ from hypothesis.errors import Flaky, HypothesisException
 from specfuzz.case import Case
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
-from specfuzz.fuzz.corpus import Corpus, Entry, atomic_write_json, calibration_key, mark_seen_again
+from specfuzz.fuzz.corpus import (
+    Corpus, Entry, active_features, atomic_write_json, calibration_key, mark_seen_again, reduced_to_features,
+)
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.exampledb import FailuresOnly
 from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, finding_entry, run_family
@@ -383,10 +385,11 @@ class Campaign:
         # The stored calibration entry of each target-sampler bug (corpus.calibration_key: engine
         # and sampling features, any speculation method): a speculative candidate that fails
         # with speculation off too and shares a key is that entry seen again (_known_calibration).
-        self.calibration_entries: dict[str, Path] = {
-            calibration_key(str(e.engine.get("name")), e.case): path
-            for path, e in self.corpus.entries() if isinstance(e, Entry) and e.kind == "calibration"
-        }
+        self.calibration_entries: dict[str, Path] = {}
+        self.calibration_features: dict[str, tuple[str, str]] = {}  # key -> (engine name, features)
+        for path, e in self.corpus.entries():
+            if isinstance(e, Entry) and e.kind == "calibration":
+                self._add_calibration(e, path)
         self.crash_entries: dict[str, Path] = {}
         for path, e in sorted(self.corpus.entries(), key=lambda pe: isinstance(pe[1], Entry) and pe[1].extra.get("shrunk") is True):
             if isinstance(e, Entry) and e.kind == "crash":
@@ -573,41 +576,67 @@ class Campaign:
             self._spec_off_engine = self._new_engine()
         return self._run([case], [alpha], seed, speculation=False, engine=self._spec_off_engine)[0]
 
+    def _add_calibration(self, entry: Entry, path: Path) -> None:
+        key = calibration_key(str(entry.engine.get("name")), entry.case)
+        self.calibration_entries.setdefault(key, path)
+        self.calibration_features.setdefault(key, (str(entry.engine.get("name")), tuple(active_features(entry.case))))
+
     def _known_calibration(self, run: CaseRun, seed: int) -> bool:
         """Whether a speculative candidate is a stored calibration bug met again.
 
-        Only where a stored calibration entry of this engine shares the case's sampling
-        features (corpus.calibration_key: any speculation method): the case is run with
+        A stored calibration entry of this engine (corpus.calibration_key: any speculation
+        method) whose sampling features are the case's, or some of them: the case is run with
         speculation off on the speculation-off engine (its tables swapped in and checked) at
-        the screening level. If that fails too, the candidate is the target sampler's bug, not
-        speculation's: the entry is marked seen again (once per run, after a confirmation with
-        speculation off on a freshly started engine at the next α_j) and the candidate is not
-        confirmed, shrunk or stored again. Otherwise it goes on as any candidate."""
-        key = calibration_key(str(self.engine.version().get("name")), run.case.to_json())
-        path = self.calibration_entries.get(key)
-        if path is None:
+        the screening level, and, where the entry has fewer features, so is the case with the
+        others back at their defaults (the case the stored bug is met on). If both fail, the
+        candidate is the target sampler's bug, not speculation's: the entry is marked seen
+        again (once per run, after a confirmation with speculation off at the next α_j, on the
+        same engine: a known bug is not started afresh) and the candidate is not confirmed,
+        shrunk or stored again. Otherwise it goes on as any candidate."""
+        name = str(self.engine.version().get("name"))
+        case_json = run.case.to_json()
+        feats = set(active_features(case_json))
+        # The stored entries this case could be met on: same features first, then the largest subsets.
+        matches = sorted(((len(f), key) for key, (eng, f) in self.calibration_features.items()
+                          if eng == name and set(f) <= feats), reverse=True)
+        if not matches:
             return False
         self.stats.calibration_checks += 1
         calib = self._calibrate(run.case, seed=seed, alpha=self.cfg.screen_alpha)
         if not calib.failed:
             return False
-        if key not in self.seen_again:
-            if not self._confirm(calib, speculation=False)[0].failed:
-                return False
-            self.seen_again.add(key)
-            if mark_seen_again(path):
-                self.stats.findings_updated += 1
-            self.on_event(f"calibration bug seen again (speculation off fails too): {path.name}", self.stats)
-        self.stats.calibration_known += 1
-        return True
+        for n, key in matches:
+            if n == len(feats):
+                reduced = calib
+            else:
+                try:
+                    case = Case.from_json(reduced_to_features(case_json, self.calibration_features[key][1]))
+                    reduced = self._calibrate(case, seed=seed + 1, alpha=self.cfg.screen_alpha)
+                except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError):
+                    continue
+                if not reduced.failed:
+                    continue
+            path = self.calibration_entries[key]
+            if key not in self.seen_again:
+                if not self._confirm(reduced, speculation=False, engine=self._spec_off_engine)[0].failed:
+                    continue
+                self.seen_again.add(key)
+                if mark_seen_again(path):
+                    self.stats.findings_updated += 1
+                self.on_event(f"calibration bug seen again (speculation off fails too): {path.name}", self.stats)
+            self.stats.calibration_known += 1
+            return True
+        return False
 
-    def _confirm(self, run: CaseRun, speculation: bool) -> tuple[CaseRun, int]:
+    def _confirm(self, run: CaseRun, speculation: bool, engine: IsolatedEngine | None = None) -> tuple[CaseRun, int]:
         """A candidate run again on fresh samples (its own seed window), on a freshly
         started engine, at the next confirmation's α_j (spent and written to the ledger
-        first); returns the run and j."""
+        first); returns the run and j. ``engine``: on that running engine instead (a known
+        bug met again: its tables swapped in and checked, no fresh start)."""
         j, a = self.ledger.spend()
         t0 = time.monotonic()
-        conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=True)[0]
+        conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=engine is None,
+                         engine=engine)[0]
         self.stats.confirmations += 1
         self.stats.confirmed += int(conf.failed)
         self.stats.unconfirmed_s += 0.0 if conf.failed else time.monotonic() - t0  # engine start included
@@ -852,7 +881,7 @@ class Campaign:
                     continue  # a stored calibration bug, met under another speculation setting
                 if not label_of_first and (sig := self._entry_for(r).signature) in self.known:
                     # A known bug: confirmed once per run, then marked seen again.
-                    if sig not in self.seen_again and self._confirm(r, speculation)[0].failed:
+                    if sig not in self.seen_again and self._confirm(r, speculation, engine=self.engine)[0].failed:
                         self.seen_again.add(sig)
                         self._update_known(r)
                     continue
@@ -943,7 +972,7 @@ class Campaign:
         self.stats.findings_new += int(new)
         self.stats.findings_updated += int(not new)
         if entry.kind == "calibration":
-            self.calibration_entries.setdefault(calibration_key(str(entry.engine.get("name")), entry.case), path)
+            self._add_calibration(entry, path)
         if new:
             self.stats.stored.append(path.name)
         self.on_event(f"stored {entry.kind} {path.name} ({entry.label})", self.stats)

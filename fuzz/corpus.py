@@ -112,6 +112,24 @@ def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None
     return h.hexdigest()[:16]
 
 
+def active_features(case_json: Mapping) -> list[str]:
+    """Names of the sampling parameters a stored case sets away from their defaults (max_tokens aside)."""
+    return _active_features(case_json)
+
+
+def reduced_to_features(case_json: Mapping, features: list[str] | tuple[str, ...]) -> dict:
+    """``case_json`` with every sampling parameter outside ``features`` (max_tokens aside) back
+    at its default: the case a stored bug with those features would be met on."""
+    from specfuzz.oracle.params import SamplingParams
+
+    default = SamplingParams().to_json()
+    params = dict(case_json.get("params", {}))
+    for k in _active_features(case_json):
+        if k not in features:
+            params[k] = default[k]
+    return {**case_json, "params": params}
+
+
 def calibration_key(engine_name: str, case_json: Mapping) -> str:
     """A target-sampler bug regardless of the speculation around it.
 

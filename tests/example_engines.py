@@ -249,3 +249,11 @@ class TemperatureBugEngine(ReferenceEngine):
         fixed = [dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=1.0))
                  if not r.params.greedy else r for r in requests]
         return super().generate(fixed)
+
+
+class SlowInitEngine(ReferenceEngine):
+    """Takes 1.5 s to come up in its process (as vLLM's and SGLang's imports do)."""
+
+    def __init__(self, **kw) -> None:
+        time.sleep(1.5)
+        super().__init__(**kw)

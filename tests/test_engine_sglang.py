@@ -467,7 +467,7 @@ def test_check_config_builds_engine_kwargs_from_defaults_config_and_settings(tmp
     spec = SpecConfig("ngram", 2)
     kw = SGLangEngine(mem_fraction_static=0.2).check_config(_config(tmp_path, spec, speculative_ngram_capacity=1000, shutdown_timeout_s=3))
     assert kw["attention_backend"] == "triton" and kw["sampling_backend"] == "pytorch" and kw["skip_tokenizer_init"] is True
-    assert kw["disable_cuda_graph"] is True and kw["max_total_tokens"] == 65536
+    assert kw["disable_cuda_graph"] is True and kw["max_total_tokens"] == 65536 and kw["max_running_requests"] == 512
     assert kw["mem_fraction_static"] == 0.2  # constructor default over the adapter default
     assert kw["context_length"] == 48 and kw["dtype"] == "bfloat16" and Path(kw["model_path"]).parent == tmp_path
     assert kw["speculative_algorithm"] == "NGRAM" and kw["speculative_ngram_capacity"] == 1000

@@ -157,3 +157,19 @@ def test_without_a_spare_every_restart_is_cold(tmp_path):
         other = case.with_(spec=replace(case.spec, num_speculative_tokens=case.spec.num_speculative_tokens + 1))
         eng.start(engine_config(other, tmp_path / "b"))
         assert eng.call("warm")[1] is False and eng.warm_starts == 0 and eng._spare is None
+
+
+def test_the_wait_for_a_new_engine_process_counts_as_start_time(tmp_path):
+    """A new process's imports delay whatever command comes first (capabilities, a launch
+    record): that wait is engine-start time, not time of the command, and it is counted once."""
+    case = _clean("N1")
+    with IsolatedEngine("example_engines:SlowInitEngine", log_dir=tmp_path / "logs") as eng:
+        eng.capabilities()
+        assert eng.seconds["start"] >= 1.4 and eng.starts == 0
+        waited = eng.seconds["start"]
+        eng.version()
+        assert eng.seconds["start"] == waited  # answered at once: nothing more
+        eng.close()
+        eng.start(engine_config(case, tmp_path / "a"))  # a new process: its wait is inside start()
+        assert waited + 1.4 <= eng.seconds["start"] < 2 * waited + 30
+        assert eng.starts == 1

@@ -10,7 +10,7 @@ import numpy as np
 
 from specfuzz.case import Case
 from specfuzz.fuzz.campaign import Campaign, CampaignConfig
-from specfuzz.fuzz.corpus import Corpus, Entry, calibration_key, signature
+from specfuzz.fuzz.corpus import Corpus, Entry, active_features, calibration_key, reduced_to_features, signature
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,6 +36,9 @@ def test_calibration_key_ignores_the_speculation_method_but_not_the_sampling_fea
     assert calibration_key("e", a) == calibration_key("e", b)
     assert calibration_key("e", a) != calibration_key("e", _case("ngram", temperature=0.5, top_k=1).to_json())
     assert calibration_key("e", a) != calibration_key("other", a)
+    both = _case("ngram", temperature=0.5, top_k=1).to_json()
+    assert active_features(both) == ["temperature", "top_k"]
+    assert calibration_key("e", reduced_to_features(both, ["temperature"])) == calibration_key("e", a)
 
 
 def test_a_stored_calibration_bug_met_under_another_method_is_seen_again_and_not_shrunk(tmp_path):
@@ -50,15 +53,23 @@ def test_a_stored_calibration_bug_met_under_another_method_is_seen_again_and_not
         assert camp._known_calibration(run, seed=12)
         assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
         assert camp.stats.calibration_known == 1 and camp.stats.confirmations == 1
+        assert camp._fresh_engine is None  # a known bug is confirmed on the running speculation-off engine
         # Met again in the same run: recognised again, marked (and confirmed) once per run.
         assert camp._known_calibration(run, seed=13)
         assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
         assert camp.stats.calibration_known == 2 and camp.stats.confirmations == 1
-        # Other sampling features: no stored calibration bug shares them; nothing is run.
-        other = camp._run([_case("ngram", temperature=0.5, top_k=1)], [camp.cfg.screen_alpha], seed=14)[0]
+        # More features than the stored entry: recognised when the case with the others back at
+        # their defaults (the stored entry's features) fails with speculation off as well.
+        more = camp._run([_case("ngram", temperature=0.5, top_p=0.99)], [camp.cfg.screen_alpha], seed=14)[0]
+        assert more.failed and camp._known_calibration(more, seed=15)
+        assert camp.stats.calibration_known == 3
+        # top_k=1 is argmax: ignoring the temperature changes nothing, speculation off agrees with μ.
+        argmax = camp._run([_case("ngram", temperature=0.5, top_k=1)], [camp.cfg.screen_alpha], seed=16)[0]
+        assert not camp._known_calibration(argmax, seed=17)
+        # Features the stored entry does not have: nothing is run.
         checks = camp.stats.calibration_checks
-        assert not camp._known_calibration(other, seed=15)
-        assert camp.stats.calibration_checks == checks
+        assert not camp._known_calibration(camp._run([_case("ngram", top_k=1)], [camp.cfg.screen_alpha], seed=18)[0], seed=19)
+        assert camp.stats.calibration_checks == checks and camp.stats.calibration_known == 3
     finally:
         for e in camp._engines:
             e.close()
