@@ -6,6 +6,11 @@ RL frameworks use to push new weights into a running engine), and
 ``LLM.collective_rpc("specfuzz_load_tables", args=...)`` then runs
 :meth:`TableSwapExtension.specfuzz_load_tables` on every worker.
 
+A parameter the drafter shares with the target (vLLM shares the target's ``lm_head`` with an
+EAGLE head whose own lm_head was identical at start) is copied before a new head is loaded
+into it: otherwise the load would write the target's table too (seen on the H200, vLLM 0.25,
+EAGLE-3: the table check after such a swap found the head's table in the target's rows).
+
 A swap loads only the tensors that differ between the running checkpoint and the new one
 (for table checkpoints: the ``lm_head`` that holds the table, and an EAGLE-3 head's
 ``lm_head``/``d2t``), through the model's own ``load_weights`` (what vLLM's loader calls
@@ -82,6 +87,50 @@ def _load(model, tensors: dict) -> dict[str, Any]:
     return {"loaded": sorted(tensors), "read_back": read, "mismatched": bad}
 
 
+def _unshare(draft, target, names) -> list[str]:
+    """Give the draft its own copy of every parameter it shares with the target (vLLM shares
+    the target's ``lm_head`` with an EAGLE head whose lm_head was identical at start,
+    ``_maybe_share_lm_head``) that one of ``names`` (tensors about to be loaded) writes:
+    loading a new head in place must not change the target, and a fresh start with a
+    different head keeps separate weights too. Returns what was unshared; raises
+    ValueError for a shared parameter outside a module that can be copied."""
+    target_ptrs = {p.data_ptr() for p in target.parameters()}
+    out = []
+    for pname, p in list(draft.named_parameters()):
+        if p.data_ptr() not in target_ptrs:
+            continue
+        if not any(pname == n or pname.endswith("." + n) or n.endswith("." + pname) for n in names):
+            continue
+        mod_name = pname.rsplit(".", 1)[0] if "." in pname else ""
+        parent_name, _, attr = mod_name.rpartition(".")
+        parent = draft.get_submodule(parent_name) if parent_name else draft
+        if not attr or not hasattr(parent, attr):
+            raise ValueError(f"the draft shares {pname} with the target")
+        setattr(parent, attr, _own_copy(getattr(parent, attr)))
+        out.append(pname)
+    return out
+
+
+def _own_copy(module):
+    """``module`` with its own copies of its parameters and buffers. A parameter keeps its
+    attributes (vLLM's ``weight_loader``, which pads the vocabulary rows; deepcopy drops them)."""
+    import copy
+
+    import torch
+
+    new = copy.copy(module)  # the same attributes, the same submodules
+    new._parameters = {}
+    for k, v in module._parameters.items():
+        if v is None:
+            new._parameters[k] = None
+            continue
+        q = torch.nn.Parameter(v.detach().clone(), requires_grad=v.requires_grad)
+        q.__dict__.update(v.__dict__)
+        new._parameters[k] = q
+    new._buffers = {k: (None if b is None else b.clone()) for k, b in module._buffers.items()}
+    return new
+
+
 def _draft_model(runner):
     """The drafter's model: Model Runner V1 ``drafter.model``, V2 ``speculator.model``."""
     for attr in ("drafter", "speculator"):
@@ -110,7 +159,13 @@ class TableSwapExtension:
             model = _draft_model(runner)
             if model is None:
                 return {"error": "this engine's drafter has no model to load (no draft model or head)"}
-            out["draft"] = _load(model, _changed_tensors(*draft))
+            tensors = _changed_tensors(*draft)
+            try:
+                unshared = _unshare(model, runner.get_model(), list(tensors))
+            except ValueError as exc:
+                return {"error": f"draft: {exc}: loading it in place would change the target"}
+            out["draft"] = _load(model, tensors)
+            out["draft"]["unshared"] = unshared
             if "error" in out["draft"]:
                 return {"error": "draft: " + out["draft"]["error"]}
         return out
