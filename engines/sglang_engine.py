@@ -14,7 +14,7 @@ Defaults (:data:`DEFAULT_SETTINGS`), overridden by the site-wide ``SPECFUZZ_SGLA
 ``attention_backend="triton"``, ``sampling_backend="pytorch"`` (the FlashAttention 3 and
 FlashInfer JIT parts are not shipped to the H200), ``disable_cuda_graph=True``,
 ``mem_fraction_static=0.15``, ``max_total_tokens=65536``, ``max_running_requests=512`` (SGLang's
-own default with speculation is 48), ``skip_tokenizer_init=True``,
+own default with speculation is 48; engine-default variants keep SGLang's), ``skip_tokenizer_init=True``,
 ``log_level="error"``; ``context_length`` is ``EngineConfig.max_model_len`` and ``dtype``
 ``EngineConfig.dtype``. Every other key goes to ``sglang.Engine`` as is, after a run-time
 check against ``dataclasses.fields(ServerArgs)``: a key this SGLang version lacks is an
@@ -328,6 +328,11 @@ class SGLangEngine(Engine):
             **spec_kw,
         }
         kwargs.update({k: v for k, v in settings.items() if k not in _OWN_SETTINGS})
+        if isinstance(spec, SpecConfig) and spec.engine_default and "max_running_requests" not in raw:
+            # An engine-default variant runs as a user's does: SGLang's own max_running_requests
+            # (48 under speculation), not the adapter's 512 (corpus/h200/sglang/finding-065f698102ca951f
+            # fails with 512 and passes with 48).
+            kwargs.pop("max_running_requests", None)
         return kwargs
 
     def launch_args(self, config: EngineConfig) -> tuple[dict[str, str], dict[str, Any]]:

@@ -373,3 +373,20 @@ def test_the_repro_e_value_is_a_fair_bet_under_mu_and_its_tree_part_finds_a_devi
     both = rc.log_e_value(counts, mu, None)
     flat = 2 * math.exp(both) - math.exp(tree)  # E = (E_KT + E_tree) / 2
     assert flat < 1 and tree >= math.log(2e3) and both >= math.log(1e3)  # FAIL at alpha = 1e-3 through the tree
+
+
+def test_observations_stored_with_an_entry_are_part_of_its_issue(tmp_path):
+    """extra.observations (what was measured after the campaign, e.g. the same repro under
+    another engine setting) appear in ISSUE.md with their dates; entries without them draft as before."""
+    src = Path(__file__).resolve().parents[1] / "corpus" / "h200" / "sglang" / "finding-065f698102ca951f.json"
+    d = json.loads(src.read_text())
+    d["extra"]["observations"] = [{"date": "2026-12-02", "text": "With max_running_requests=48 it passes."}, {"no": "text"}]
+    entry = tmp_path / "finding-065f698102ca951f.json"
+    entry.write_text(json.dumps(d))
+    draft_entry(entry, tmp_path / "d")
+    text = (tmp_path / "d" / "ISSUE.md").read_text()
+    assert "## Also measured\n\n- With max_running_requests=48 it passes. (2026-12-02)\n" in text
+    del d["extra"]["observations"]
+    entry.write_text(json.dumps(d))
+    draft_entry(entry, tmp_path / "e")
+    assert "Also measured" not in (tmp_path / "e" / "ISSUE.md").read_text()

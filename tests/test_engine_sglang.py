@@ -474,6 +474,16 @@ def test_check_config_builds_engine_kwargs_from_defaults_config_and_settings(tmp
     assert "shutdown_timeout_s" not in kw
 
 
+def test_engine_default_variants_keep_sglangs_own_max_running_requests(tmp_path):
+    """An engine-default variant runs as a user's does: no max_running_requests (SGLang sets 48
+    under speculation); drawn variants run 512 at once, and a user's setting is kept for both."""
+    default = SpecConfig("ngram_tree", **SPEC_DEFAULTS["ngram_tree"], engine_default=True)
+    assert "max_running_requests" not in SGLangEngine().check_config(_config(tmp_path, default))
+    assert SGLangEngine().check_config(_config(tmp_path, SpecConfig("ngram", 2)))["max_running_requests"] == 512
+    assert SGLangEngine(max_running_requests=64).check_config(_config(tmp_path, default))["max_running_requests"] == 64
+    assert SGLangEngine().check_config(_config(tmp_path, default, max_running_requests=96))["max_running_requests"] == 96
+
+
 def test_site_settings_come_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(SETTINGS_ENV, json.dumps({"disable_cuda_graph": False, "skip_tokenizer_init": False}))
     eng = SGLangEngine()

@@ -175,6 +175,13 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
         if cal:
             L += [f"With speculation off, the same engine agrees with μ ({data.scrub.text(cal.get('evidence', ''))}), "
                   "so the difference comes from speculation.", ""]
+    # what was measured besides the campaign (extra.observations: follow-up runs, e.g. the same
+    # request under another engine setting), each with its date
+    obs = [o for o in (e.extra.get("observations") or []) if isinstance(o, Mapping) and o.get("text")]
+    if obs:
+        L += ["## Also measured", ""]
+        L += [f"- {data.scrub.text(str(o['text']))}" + (f" ({o['date']})" if o.get("date") else "") for o in obs]
+        L += [""]
     # environment
     L += ["## Environment", "", "| | |", "|---|---|"]
     L += [f"| {k} | {v} |" for k, v in _env_rows(data.engine)]
