@@ -576,6 +576,10 @@ class Campaign:
             self._spec_off_engine = self._new_engine()
         return self._run([case], [alpha], seed, speculation=False, engine=self._spec_off_engine)[0]
 
+    def _mark_seen(self, path: Path) -> bool:
+        """Mark the stored entry at ``path`` seen again (a Ray engine actor asks the driver)."""
+        return mark_seen_again(path)
+
     def _add_calibration(self, entry: Entry, path: Path) -> None:
         key = calibration_key(str(entry.engine.get("name")), entry.case)
         self.calibration_entries.setdefault(key, path)
@@ -621,7 +625,7 @@ class Campaign:
                 if not self._confirm(reduced, speculation=False, engine=self._spec_off_engine)[0].failed:
                     continue
                 self.seen_again.add(key)
-                if mark_seen_again(path):
+                if self._mark_seen(path):
                     self.stats.findings_updated += 1
                 self.on_event(f"calibration bug seen again (speculation off fails too): {path.name}", self.stats)
             self.stats.calibration_known += 1

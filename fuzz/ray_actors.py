@@ -140,6 +140,13 @@ class ActorCampaign(Campaign):
         self._db = None
         self._store_handle = store
         self._profile = None
+        # The driver's stored calibration entries (the parent read an empty scratch corpus).
+        self.calibration_entries, self.calibration_features = {}, {}
+        for name, ej in _get(hub.calibration_entries.remote()):
+            self._add_calibration(Entry.from_json(ej), Path(name))
+
+    def _mark_seen(self, path: Path) -> bool:
+        return bool(_get(self.hub.mark_seen.remote(str(path))))
 
     def _example_database(self):
         if self._db is None:

@@ -184,6 +184,25 @@ class CampaignHub:
             self.stored.append(path.name)
         return path.name, new
 
+    def calibration_entries(self) -> list[tuple[str, dict]]:
+        """(file name relative to the corpus, entry JSON) of every stored calibration entry: an
+        engine actor recognises a calibration bug met under another method by them
+        (Campaign._known_calibration)."""
+        out = []
+        for path, e in self.corpus.entries():
+            if isinstance(e, Entry) and e.kind == "calibration":
+                out.append((str(path.relative_to(self.corpus.root)), e.to_json()))
+        return out
+
+    def mark_seen(self, name: str) -> bool:
+        """Mark the stored entry ``name`` (relative to the corpus) seen again."""
+        from specfuzz.fuzz.corpus import mark_seen_again
+
+        path = (self.corpus.root / name).resolve()
+        if self.corpus.root.resolve() not in path.parents:
+            return False
+        return mark_seen_again(path)
+
     def contains(self, which: str, item: str) -> bool:
         return item in self._set(which)
 

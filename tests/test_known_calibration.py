@@ -91,3 +91,22 @@ def test_a_candidate_that_passes_with_speculation_off_is_not_taken_for_the_store
     finally:
         for e in camp._engines:
             e.close()
+
+
+def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_marks_them_seen(tmp_path):
+    """Engine actors read an empty scratch corpus: the driver's hub hands them its calibration
+    entries (by name) and marks one seen again when an actor meets it under another method."""
+    from specfuzz.fuzz.ray_hub import CampaignHub
+
+    corpus = tmp_path / "corpus"
+    stored = _store_calibration(corpus, "temperature-bug", _case("draft_model", temperature=0.5))
+    Corpus(corpus).store(Entry(kind="crash", engine={"name": "temperature-bug"}, case=_case("ngram").to_json(),
+                               evidence="engine exception: boom", extra={"crash_kind": "exception"}))
+    hub = CampaignHub(str(corpus), 1e-3, {})
+    entries = hub.calibration_entries()
+    assert [name for name, _ in entries] == [stored.name]
+    assert calibration_key("temperature-bug", entries[0][1]["case"]) == calibration_key(
+        "temperature-bug", _case("ngram", temperature=0.5).to_json())
+    assert hub.mark_seen(stored.name)
+    assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+    assert not hub.mark_seen("../outside.json") and not hub.mark_seen("missing.json")
