@@ -549,6 +549,8 @@ class Campaign:
         else:
             eng = engine or self.engine
         before, swaps, falls = eng.starts, eng.swaps, eng.swap_fallbacks
+        secs = dict(eng.seconds)
+        t0 = time.monotonic()
         split = getattr(self.engine.capabilities(), "seeded_call_prompt_tokens", None)
         try:
             runs = run_family(
@@ -566,8 +568,35 @@ class Campaign:
         self.stats.samples += sum(r.n for r in runs)
         # The calls of the last run: a crash entry records the batch it crashed in.
         self._last_call = (max((r.call_requests for r in runs), default=0), split)
+        self._log_family(cases, runs, eng, secs, time.monotonic() - t0, speculation, fresh)
         self._drain_events(cases[0])
         return runs
+
+    def _log_family(self, cases: list[Case], runs: list[CaseRun], eng: IsolatedEngine, secs: dict, wall: float,
+                    speculation: bool, fresh: bool) -> None:
+        """One line per family run in ``.specfuzz/families.jsonl``: what it ran (method, V, the
+        sampling features in play, patterns, samples) and where its time went (start, swap,
+        generate, the rest), so that a slow engine's slow features can be told apart."""
+        from specfuzz.fuzz.corpus import active_features
+
+        spec = cases[0].spec if speculation else None
+        rec = {
+            "time": round(time.time(), 3), "search": self.search_index, "role": "fresh" if fresh else (
+                "calibration" if eng is self._spec_off_engine else "search"),
+            "method": None if spec is None else spec.method, "engine_default": bool(spec is not None and spec.engine_default),
+            "V": cases[0].vocab_size, "patterns": len(cases), "samples": sum(r.n for r in runs),
+            "features": sorted({f for c in cases for f in active_features(c.to_json())}),
+            "prompt_tokens": max(len(c.prompt) for c in cases), "max_tokens": max(c.params.max_tokens for c in cases),
+            "failed": sum(r.failed for r in runs), "crash": any(r.crash is not None for r in runs),
+            "seconds": {k: round(eng.seconds[k] - secs.get(k, 0.0), 4) for k in ("start", "swap", "generate")},
+            "wall_s": round(wall, 4),
+        }
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.state_dir / "families.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError:
+            pass
 
     def _calibrate(self, case: Case, seed: int, alpha: float) -> CaseRun:
         """The same engine, speculation off, on the failing pattern (at the level of the

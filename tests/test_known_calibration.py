@@ -110,3 +110,29 @@ def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_mark
     assert hub.mark_seen(stored.name)
     assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
     assert not hub.mark_seen("../outside.json") and not hub.mark_seen("missing.json")
+
+
+def test_every_family_is_logged_with_its_features_samples_and_seconds(tmp_path):
+    """.specfuzz/families.jsonl: a line per family run (bench/family_rates.py reads it)."""
+    import importlib.util
+
+    camp = Campaign(CampaignConfig(engine="reference", corpus_dir=tmp_path / "corpus", work_dir=tmp_path / "work",
+                                   budget_s=60, max_samples=300))
+    camp._profile = camp.engine.capabilities().profile
+    try:
+        camp._run([_case("ngram", temperature=0.5), _case("ngram", top_k=1)], [1e-3, 1e-3], seed=1)
+        camp._calibrate(_case("ngram"), seed=2, alpha=1e-3)
+    finally:
+        for e in camp._engines:
+            e.close()
+    lines = [json.loads(t) for t in (tmp_path / "corpus" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    assert [(r["role"], r["method"], r["patterns"], r["samples"]) for r in lines] == [
+        ("search", "ngram", 2, 600), ("calibration", None, 1, 300)]
+    assert lines[0]["features"] == ["temperature", "top_k"] and lines[1]["features"] == []
+    assert lines[0]["seconds"]["generate"] > 0 and lines[0]["wall_s"] >= lines[0]["seconds"]["generate"]
+    spec = importlib.util.spec_from_file_location("family_rates", REPO / "bench" / "family_rates.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.rates(lines)
+    assert out["all"]["samples"] == 900 and out["method"]["off"]["samples"] == 300
+    assert out["feature"]["none"]["families"] == 1 and out["feature"]["top_k"]["samples"] == 600
