@@ -334,6 +334,9 @@ class Campaign:
         # The per-family spender of a schema-1 state, kept as written (the ledger counts
         # what it spent; see fuzz/ledger.py).
         self.legacy_spender = state.get("legacy_spender") if state else None
+        # The history of Ray runs on this corpus (fuzz/ray_hub.py writes it; the summary's
+        # one-actor baseline comes from it): kept as read when a campaign without Ray saves.
+        self.ray_history = state.get("ray") if state and isinstance(state.get("ray"), dict) else None
         self.ledger = AlphaLedger(self.state_dir, config.alpha, reset=config.reset_state, notes=self.state_notes)
         self.stats.budget = self.ledger.read()
         # Known signatures confirmed again in this run: marked seen once per run, so that
@@ -443,6 +446,7 @@ class Campaign:
         atomic_write_json(self.state_path, {
             "schema_version": STATE_SCHEMA_VERSION,
             **({"legacy_spender": self.legacy_spender} if self.legacy_spender else {}),
+            **({"ray": self.ray_history} if self.ray_history else {}),
             "searches": self.search_index,
             "totals": self.totals,
             "simplest_run": sorted(self.simplest_run),

@@ -124,3 +124,16 @@ def test_replay_reproduces_every_regression_entry_with_its_injection_and_none_on
     assert res.exit_code == 1 and "7 of 7 entries still fail" in res.output, res.output
     res = runner.invoke(main, ["replay", str(reg), "--engine", "reference", "--work-dir", str(tmp_path), "--check"])
     assert res.exit_code == 0 and "0 of 7 entries still fail" in res.output, res.output
+
+
+def test_a_campaign_without_ray_keeps_the_states_history_of_ray_runs(tmp_path):
+    """The Ray runs' history in the campaign state (the one-actor baseline of the scaling
+    efficiency) survives a campaign without Ray resumed on the same corpus."""
+    _campaign(tmp_path, 2, seed=7)
+    state_path = tmp_path / "corpus" / ".specfuzz" / "state.json"
+    d = json.loads(state_path.read_text())
+    history = {"runs": [{"engines": 1, "families": 9, "wall_s": 175.0}]}
+    state_path.write_text(json.dumps(dict(d, ray=history)))
+    _campaign(tmp_path, 2, seed=7)
+    d2 = json.loads(state_path.read_text())
+    assert d2["ray"] == history and d2["totals"]["runs"] == 2
