@@ -165,7 +165,7 @@ class TableSwapExtension:
             except ValueError as exc:
                 return {"error": f"draft: {exc}: loading it in place would change the target"}
             out["draft"] = _load(model, tensors)
-            out["draft"]["unshared"] = unshared
             if "error" in out["draft"]:
                 return {"error": "draft: " + out["draft"]["error"]}
+            out["draft"]["unshared"] = unshared
         return out

@@ -388,8 +388,7 @@ class Campaign:
         # The stored calibration entry of each target-sampler bug (corpus.calibration_key: engine
         # and sampling features, any speculation method): a speculative candidate that fails
         # with speculation off too and shares a key is that entry seen again (_known_calibration).
-        self.calibration_entries: dict[str, Path] = {}
-        self.calibration_features: dict[str, tuple[str, str]] = {}  # key -> (engine name, features)
+        self.calibration_entries: dict[tuple[str, tuple[str, ...]], Path] = {}  # (engine name, features) -> entry
         for path, e in self.corpus.entries():
             if isinstance(e, Entry) and e.kind == "calibration":
                 self._add_calibration(e, path)
@@ -581,8 +580,6 @@ class Campaign:
         """One line per family run in ``.specfuzz/families.jsonl``: what it ran (method, V, the
         sampling features in play, patterns, samples) and where its time went (start, swap,
         generate, the rest), so that a slow engine's slow features can be told apart."""
-        from specfuzz.fuzz.corpus import active_features
-
         spec = cases[0].spec if speculation else None
         rec = {
             "time": round(time.time(), 3), "search": self.search_index, "role": "fresh" if fresh else (
@@ -614,9 +611,7 @@ class Campaign:
         return mark_seen_again(path)
 
     def _add_calibration(self, entry: Entry, path: Path) -> None:
-        key = calibration_key(str(entry.engine.get("name")), entry.case)
-        self.calibration_entries.setdefault(key, path)
-        self.calibration_features.setdefault(key, (str(entry.engine.get("name")), tuple(active_features(entry.case))))
+        self.calibration_entries.setdefault(calibration_key(str(entry.engine.get("name")), entry.case), path)
 
     def _known_calibration(self, run: CaseRun, seed: int) -> bool:
         """Whether a speculative candidate is a stored calibration bug met again.
@@ -634,8 +629,8 @@ class Campaign:
         case_json = run.case.to_json()
         feats = set(active_features(case_json))
         # The stored entries this case could be met on: same features first, then the largest subsets.
-        matches = sorted(((len(f), key) for key, (eng, f) in self.calibration_features.items()
-                          if eng == name and set(f) <= feats), reverse=True)
+        matches = sorted(((len(key[1]), key) for key in self.calibration_entries
+                          if key[0] == name and set(key[1]) <= feats), reverse=True)
         if not matches:
             return False
         self.stats.calibration_checks += 1
@@ -647,7 +642,7 @@ class Campaign:
                 reduced = calib
             else:
                 try:
-                    case = Case.from_json(reduced_to_features(case_json, self.calibration_features[key][1]))
+                    case = Case.from_json(reduced_to_features(case_json, key[1]))
                     reduced = self._calibrate(case, seed=seed + 1, alpha=self.cfg.screen_alpha)
                 except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError):
                     continue

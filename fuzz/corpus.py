@@ -75,7 +75,7 @@ def counts_from_json(rows: list) -> dict[tuple[int, ...], int]:
     return {tuple(k): int(v) for k, v in rows}
 
 
-def _active_features(case_json: Mapping) -> list[str]:
+def active_features(case_json: Mapping) -> list[str]:
     """Names of the sampling features a case switches on (non-default parameters)."""
     from specfuzz.oracle.params import SamplingParams
 
@@ -107,14 +107,9 @@ def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None
         # (the request that happened to follow the swap says nothing about the bug).
         feats = [kind, engine_name, spec.get("method")]
     elif kind == "calibration" or label in (None, "unknown"):
-        feats += [_active_features(case_json), _draft_relation(case_json)]
+        feats += [active_features(case_json), _draft_relation(case_json)]
     h = hashlib.sha256(json.dumps(feats, sort_keys=True).encode())
     return h.hexdigest()[:16]
-
-
-def active_features(case_json: Mapping) -> list[str]:
-    """Names of the sampling parameters a stored case sets away from their defaults (max_tokens aside)."""
-    return _active_features(case_json)
 
 
 def reduced_to_features(case_json: Mapping, features: list[str] | tuple[str, ...]) -> dict:
@@ -124,13 +119,13 @@ def reduced_to_features(case_json: Mapping, features: list[str] | tuple[str, ...
 
     default = SamplingParams().to_json()
     params = dict(case_json.get("params", {}))
-    for k in _active_features(case_json):
+    for k in active_features(case_json):
         if k not in features:
             params[k] = default[k]
     return {**case_json, "params": params}
 
 
-def calibration_key(engine_name: str, case_json: Mapping) -> str:
+def calibration_key(engine_name: str, case_json: Mapping) -> tuple[str, tuple[str, ...]]:
     """A target-sampler bug regardless of the speculation around it.
 
     A calibration failure (the engine with speculation off disagrees with μ) depends on the
@@ -139,9 +134,10 @@ def calibration_key(engine_name: str, case_json: Mapping) -> str:
     under draft_model has two signatures (:func:`signature` keeps the method) but one key.
     Campaigns use it to recognise a stored calibration bug met again under another method
     (``Campaign._known_calibration``); stored entries keep their signatures and file names.
+    The key is (engine name, features), so a campaign can also find the stored entries whose
+    features are some of a case's.
     """
-    feats = ["calibration", engine_name, _active_features(case_json)]
-    return hashlib.sha256(json.dumps(feats, sort_keys=True).encode()).hexdigest()[:16]
+    return engine_name, tuple(active_features(case_json))
 
 
 def mark_seen_again(path: Path) -> bool:
@@ -151,10 +147,7 @@ def mark_seen_again(path: Path) -> bool:
         old = Entry.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    old.last_seen = now_iso()
-    old.times_seen += 1
-    if old.status == "fixed":
-        old.status = "new"  # it came back
+    old.seen_again(now_iso())
     atomic_write_json(path, old.to_json())
     return True
 
@@ -186,6 +179,13 @@ class Entry:
             raise ValueError(f"kind={self.kind!r}: one of {ENTRY_KINDS}")
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r}: one of {STATUSES}")
+
+    def seen_again(self, when: str) -> None:
+        """Met again at ``when``: last_seen, times_seen; a "fixed" entry comes back as "new"."""
+        self.last_seen = when
+        self.times_seen += 1
+        if self.status == "fixed":
+            self.status = "new"  # it came back
 
     @property
     def label(self) -> str | None:
@@ -267,10 +267,7 @@ class Corpus:
                 atomic_write_json(path, entry.to_json())
                 return path, False
             if old is not None:
-                old.last_seen = entry.last_seen
-                old.times_seen += 1
-                if old.status == "fixed":
-                    old.status = "new"  # it came back
+                old.seen_again(entry.last_seen)
                 atomic_write_json(path, old.to_json())
                 return path, False
         atomic_write_json(path, entry.to_json())

@@ -141,7 +141,7 @@ class ActorCampaign(Campaign):
         self._store_handle = store
         self._profile = None
         # The driver's stored calibration entries (the parent read an empty scratch corpus).
-        self.calibration_entries, self.calibration_features = {}, {}
+        self.calibration_entries = {}
         for name, ej in _get(hub.calibration_entries.remote()):
             self._add_calibration(Entry.from_json(ej), Path(name))
 
