@@ -83,6 +83,8 @@ def main() -> int:
     ap.add_argument("--no-swap", action="store_true", help="new code, swaps off (a start per table model)")
     ap.add_argument("--spare", choices=("auto", "on", "off"), default="auto",
                     help="warmed-up spare engine processes (CampaignConfig.spare_engines; auto: with 8+ CPUs)")
+    ap.add_argument("--prestart", choices=("auto", "on", "off"), default="auto",
+                    help="the next search's engine started in the background (CampaignConfig.prestart; auto: with spares)")
     ap.add_argument("--known", type=Path, default=None,
                     help="a corpus folder whose entries the campaign starts with (known bugs are then seen again, not "
                          "shrunk again: a campaign resumed by a user who has its engine's findings already)")
@@ -128,6 +130,8 @@ def main() -> int:
             pass  # code from before swaps: a start per table model anyway
         if "spare_engines" in CampaignConfig.__dataclass_fields__:
             kw["spare_engines"] = {"auto": None, "on": True, "off": False}[args.spare]
+        if "prestart" in CampaignConfig.__dataclass_fields__:
+            kw["prestart"] = {"auto": None, "on": True, "off": False}[args.prestart]
         prof = None
         if args.profile is not None:
             import cProfile
@@ -175,6 +179,8 @@ def main() -> int:
         "samples": stats.samples,
         "engine_starts": stats.engine_starts,
         "warm_starts": (totals.get("engine") or {}).get("warm_starts"),
+        "prestarts": (totals.get("engine") or {}).get("prestarts"),
+        "hot_starts": (totals.get("engine") or {}).get("hot_starts"),
         "swaps": getattr(stats, "swaps", 0),
         "swap_fallbacks": getattr(stats, "swap_fallbacks", 0),
         "searches": stats.searches,

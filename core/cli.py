@@ -112,6 +112,9 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @click.option("--spare-engines/--no-spare-engines", "spare_engines", default=None,
               help="Keep one engine process warmed up (its imports made) for the next start of an engine that restarts in a new "
                    "process (vLLM, SGLang). Default: on with 8 or more CPUs.")
+@click.option("--prestart/--no-prestart", "prestart", default=None,
+              help="Start the next search's engine in the background while this search samples (engines that restart in "
+                   "a new process; it holds a second engine's memory). Default: wherever spare engines are on.")
 @click.option("--reset-state", is_flag=True,
               help="Start a fresh campaign state (α spending, totals, Hypothesis database kept): the old state file, "
                    "damaged or not, is kept beside it under a new name. Needed to go on after the state file was damaged.")
@@ -129,7 +132,7 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
               help="With --ray: CPUs per engine actor.")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, reset_state, junit_out, json_out,
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, prestart, reset_state, junit_out, json_out,
              ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
 
@@ -168,13 +171,13 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     before = outcome.snapshot(corpus_dir)  # before any worker can store: what this campaign met is the difference
     if workers > 1:
         # N campaign processes on one device: split its memory between their engines.
-        engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings).items())
+        engine_settings = tuple(engine_settings) + tuple(f"{k}={json.dumps(v)}" for k, v in _device_share(engine, workers, engine_settings, prestart).items())
     # Workers share the corpus's α ledger (fuzz/ledger.py): each passes the campaign's α.
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
-        max_patterns=patterns, swap=not no_swap, reset_state=reset_state, spare_engines=spare_engines,
+        max_patterns=patterns, swap=not no_swap, reset_state=reset_state, spare_engines=spare_engines, prestart=prestart,
     )
     refusals: list[str] = []
     display = None if quiet else LiveDisplay(cfg, console)
@@ -218,6 +221,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                 cmd += ["--engine-setting", kv]
             cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             cmd += [] if spare_engines is None else ["--spare-engines" if spare_engines else "--no-spare-engines"]
+            cmd += [] if prestart is None else ["--prestart" if prestart else "--no-prestart"]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     error = None
     try:
@@ -321,17 +325,18 @@ def _fuzz_on_ray(cfg, address: str, engines, gpus_per_engine, cpus_per_engine, d
 
 
 # Each campaign process runs up to this many engines at once (searching, speculation-off
-# calibration, a fresh confirmation engine).
-ENGINES_PER_WORKER = 3
+# calibration, a fresh confirmation engine, the next search's prestarted engine).
+ENGINES_PER_WORKER = 4
 # The share of a GPU that specfuzz's engines may use in all.
 DEVICE_SHARE = 0.8
 # The engine setting that sizes an engine's share of the GPU, per built-in engine.
 MEMORY_SETTING = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
 
 
-def _device_share(engine: str, workers: int, given: tuple[str, ...]) -> dict:
+def _device_share(engine: str, workers: int, given: tuple[str, ...], prestart: bool | None = None) -> dict:
     """Settings that split one GPU between ``workers`` campaign processes (none when the
-    engine has no such setting, there is no GPU, or the user or site sized it already)."""
+    engine has no such setting, there is no GPU, or the user or site sized it already);
+    ``prestart`` False: one engine fewer per worker."""
     import os
 
     key = MEMORY_SETTING.get(engine)
@@ -347,7 +352,8 @@ def _device_share(engine: str, workers: int, given: tuple[str, ...]) -> dict:
             return {}
     except ImportError:
         return {}
-    return {key: round(DEVICE_SHARE / (ENGINES_PER_WORKER * workers), 4)}
+    per_worker = ENGINES_PER_WORKER - (1 if prestart is False else 0)
+    return {key: round(DEVICE_SHARE / (per_worker * workers), 4)}
 
 
 @main.command("law")

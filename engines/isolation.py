@@ -274,6 +274,11 @@ class IsolatedEngine:
         self._unready = False  # a new process that has not answered yet (see _await_ready)
         self._starting = False  # inside start()
         self.warm_starts = 0  # starts that took the spare process
+        # A prestarted engine (prestart()): a process sent ``start`` on a predicted config in
+        # the background; a later start() of a config with its swap_key takes it.
+        self._hot: dict | None = None
+        self.prestarts = 0  # engines prestarted
+        self.hot_starts = 0  # starts served by a prestarted engine
 
     # -- process management ------------------------------------------------------------
 
@@ -322,10 +327,18 @@ class IsolatedEngine:
             _LIVE.add(self)
 
     def close_spare(self) -> None:
-        """End the spare process, if any."""
+        """End the spare process and the prestarted engine, if any."""
         spare, self._spare = self._spare, None
         if spare is not None:
             _end_process(spare[0], spare[1])
+        self._end_hot()
+
+    def _end_hot(self, why: str | None = None) -> None:
+        hot, self._hot = self._hot, None
+        if hot is not None:
+            _end_process(hot["proc"], hot["conn"])
+            if why:
+                self.events.append({"event": "prestarted engine unused", "detail": why, "to": str(hot["config"].target_dir)})
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -333,7 +346,7 @@ class IsolatedEngine:
         elif self._conn is not None:
             self._conn.close()
         self._proc, self._conn, self._config = None, None, None
-        if self._spare is None:
+        if self._spare is None and self._hot is None:
             _LIVE.discard(self)
 
     def log_tail(self) -> str:
@@ -356,6 +369,11 @@ class IsolatedEngine:
             self._conn.send((cmd, args))
         except (BrokenPipeError, OSError):
             return self._crashed("exit", f"engine process gone before {cmd}")
+        return self._receive(cmd, timeout)
+
+    def _receive(self, cmd: str, timeout: float) -> Any:
+        """The engine process's reply to ``cmd`` (sent already), within ``timeout`` seconds."""
+        assert self._conn is not None and self._proc is not None
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -434,6 +452,8 @@ class IsolatedEngine:
             return
         if not fresh and self._proc is not None and self._config is not None and self._swap(config):
             return
+        if not fresh and self._take_hot(config):
+            return
         # A live engine process is asked to start again on the new config (engines
         # release their previous model in start()), unless the engine says it cannot
         # restart in-process; a dead one is respawned by _call.
@@ -446,6 +466,81 @@ class IsolatedEngine:
             self.seconds["start"] += time.monotonic() - t0
         self._config = config
         self.starts += 1
+
+    def prestart(self, config: EngineConfig) -> bool:
+        """Start an engine on ``config`` in the background, in the spare process (or a new
+        one), while this engine goes on serving its own config: a later :meth:`start` of any
+        config with the same swap_key takes it, swaps its tables in and checks them, so that
+        its wait is what is left of the start. For engines that restart in a new process
+        (GPU engines, whose starts take tens of seconds) with spare processes and swaps on;
+        returns whether an engine is (now or already) prestarting for that key. A prestarted
+        engine never serves a ``fresh`` start (confirmations); one left unused ends with the
+        next prestart or :meth:`close`. A prestart that fails only means a normal start later."""
+        if not (self.spare_enabled and self.swap_enabled):
+            return False
+        caps = self.capabilities()
+        if getattr(caps, "restart_in_process", True):
+            return False
+        spec = config.speculation
+        needs = {"target"} | ({"head" if spec.method in ("eagle", "eagle3") else "draft"}
+                              if spec is not None and config.draft_dir is not None else set())
+        if not needs <= set(getattr(caps, "swap", ()) or ()):
+            return False  # its tables could not be swapped into it
+        key = swap_key(config)
+        if self._hot is not None:
+            if self._hot["key"] == key and self._hot["proc"].is_alive():
+                return True
+            self._end_hot("another start shape was prestarted")
+        if self._proc is not None and self._config is not None and swap_key(self._config) == key:
+            return False  # the running engine serves it by a swap
+        spare, self._spare = self._spare, None
+        if spare is None or not spare[0].is_alive():
+            if spare is not None:
+                _end_process(spare[0], spare[1])
+            spare = self._new_process(preload=True)
+        proc, conn, log_path = spare
+        try:
+            conn.send(("start", (config,)))
+        except (BrokenPipeError, OSError):
+            _end_process(proc, conn)
+            return False
+        self._hot = {"proc": proc, "conn": conn, "log": log_path, "config": config, "key": key, "sent": time.monotonic()}
+        self.prestarts += 1
+        _LIVE.add(self)
+        self._ensure_spare()
+        return True
+
+    def _take_hot(self, config: EngineConfig) -> bool:
+        """Serve ``start(config)`` with the prestarted engine when it has ``config``'s swap_key:
+        wait for what is left of its start (counted as start time), then swap ``config``'s
+        tables in and check them (a failed check starts afresh, as after any swap). False:
+        no prestarted engine for this key, or its start failed (then an ordinary start)."""
+        hot = self._hot
+        if hot is None or hot["key"] != swap_key(config):
+            return False
+        self._hot = None
+        if self._proc is not None:
+            self.close(keep_spare=True)
+        self._proc, self._conn, self.log_path = hot["proc"], hot["conn"], hot["log"]
+        self._config = None
+        self._unready = False
+        _LIVE.add(self)
+        t0 = time.monotonic()
+        crashes = self.crashes
+        try:
+            self._receive("start", max(1.0, self.start_timeout_s - (t0 - hot["sent"])))
+        except (EngineCrash, InvalidInput, SwapUnsupported) as exc:
+            # Not a finding: the ordinary start that follows meets the same fault if there is one.
+            self.crashes = crashes
+            self._kill()
+            self.events.append({"event": "prestarted engine failed", "detail": str(exc)[:500], "to": str(hot["config"].target_dir)})
+            return False
+        finally:
+            self.seconds["start"] += time.monotonic() - t0
+        self._config = hot["config"]
+        self.starts += 1
+        self.hot_starts += 1
+        return config == self._config or self._swap(config)
 
     def can_swap(self, config: EngineConfig) -> bool:
         """Whether the running engine could take ``config`` by a swap (not tried)."""
@@ -501,7 +596,7 @@ class IsolatedEngine:
         if check is not None:
             ev["check"] = _check_json(check)
         self.events.append(ev)
-        self.close()
+        self.close(keep_spare=True)
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         if self._proc is None or self._config is None:

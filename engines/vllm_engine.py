@@ -177,9 +177,10 @@ _OWN_SETTINGS = ("multiprocessing", "env", "speculative_config", "cpu_kvcache_sp
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 DEFAULT_CPU_MEMORY_UTILIZATION = 0.3
 # On CUDA, unless gpu_memory_utilization or kv_cache_memory_bytes is given: a campaign runs up
-# to three engines at once (searching, speculation-off calibration, a fresh confirmation),
-# and a table model needs little memory; vLLM's own default (0.92) would leave none for them.
-DEFAULT_CUDA_MEMORY_UTILIZATION = 0.25
+# to four engines at once (searching, speculation-off calibration, a fresh confirmation, the
+# next search's prestarted engine), and a table model needs little memory; vLLM's own default
+# (0.92) would leave none for them.
+DEFAULT_CUDA_MEMORY_UTILIZATION = 0.2
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULT_SEED = 0
 # A logits row that comes back as log-probabilities (vLLM 0.25 CUDA V1 prompt logprobs under

@@ -56,7 +56,7 @@ from specfuzz.fuzz.corpus import (
 )
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.exampledb import FailuresOnly
-from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, finding_entry, run_family
+from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, engine_config, finding_entry, run_family
 from specfuzz.oracle.law import OutputSpaceTooLarge
 from specfuzz.oracle.budget import SCREEN_ALPHA, AlphaSpender
 from specfuzz.strategies import StartShape, case_families, start_shapes
@@ -89,6 +89,8 @@ DEFAULT_EVERY = 4
 WATCHDOG_GRACE_S = 10.0
 # CampaignConfig.spare_engines=None turns spare engine processes on from this many CPUs.
 SPARE_MIN_CPUS = 8
+# IsolatedEngine counters added up over a campaign's engines into totals["engine"].
+ENGINE_COUNTERS = ("starts", "warm_starts", "hot_starts", "prestarts", "swaps", "swap_fallbacks")
 
 
 def family_key(cases: list[Case]) -> str:
@@ -165,6 +167,12 @@ def merge_worker_totals(corpus_dir: Path, workers: int, first: dict) -> dict:
 def simplest_key(strategy) -> str | None:
     """The key of the example Hypothesis tries first in a search (its all-simplest choices,
     whatever the seed); not ``find``'s result, which prefers fewer choices (another method)."""
+    fam = simplest_family(strategy)
+    return None if fam is None else family_key(fam)
+
+
+def simplest_family(strategy):
+    """The example Hypothesis tries first in a search of ``strategy`` (None: none)."""
     seen: list = []
 
     @settings(database=None, max_examples=1, phases=[Phase.generate], deadline=None,
@@ -177,7 +185,7 @@ def simplest_key(strategy) -> str | None:
         first()
     except Exception:  # noqa: BLE001 - no simplest example to skip is harmless
         return None
-    return family_key(seen[0]) if seen else None
+    return seen[0] if seen else None
 
 
 def crash_key(crash: EngineCrash) -> str:
@@ -285,6 +293,9 @@ class CampaignConfig:
     # A warmed-up spare process for each engine that restarts in a new process (None: with
     # SPARE_MIN_CPUS or more CPUs; on fewer, its imports would compete with the engine).
     spare_engines: bool | None = None
+    # Start the next search's engine in the background while this search samples
+    # (IsolatedEngine.prestart; None: wherever spare engines are on).
+    prestart: bool | None = None
     reset_state: bool = False  # start a fresh state; the old file is kept aside (Campaign._load_state)
 
     @property
@@ -354,20 +365,22 @@ class Campaign:
         # speculation-off engine, fresh confirmation engines): starts, swaps, and where the
         # wall time went (seconds: start, swap, sample, shrink, other).
         eng = self.totals.setdefault("engine", {})
-        for k in ("starts", "warm_starts", "swaps", "swap_fallbacks", "stale_weights", "families", "samples", "searches"):
+        for k in ("starts", "warm_starts", "hot_starts", "prestarts", "swaps", "swap_fallbacks", "stale_weights", "families",
+                  "samples", "searches"):
             eng.setdefault(k, 0)
         eng.setdefault("seconds", {})
         for k in ("start", "swap", "sample", "shrink", "other"):
             eng["seconds"].setdefault(k, 0.0)
         eng.setdefault("shapes", {})
         self.totals["runs"] += 1
-        self._base = {k: eng[k] for k in ("starts", "warm_starts", "swaps", "swap_fallbacks")}  # from earlier runs
+        self._base = {k: eng[k] for k in ENGINE_COUNTERS}  # from earlier runs
         self.events_path = self.state_dir / "events.jsonl"
         self._engines: list[IsolatedEngine] = [self.engine]
         self._acct = {"start": 0.0, "swap": 0.0, "sample": 0.0}  # engine seconds already added to totals
         self._shrinking = False  # a failure or crash is being shrunk, confirmed or stored
         self._shrink_started = 0.0  # when the current search's failure began shrinking (monotonic; 0: not)
         self._last_call: tuple[int, int | None] = (0, None)  # the last run's largest call and split (_run)
+        self._prestart_due = False  # the next search's engine is to be prestarted (_prestart_next)
         self.shape: StartShape | None = None
         # Keys of the simplest families (one per method order) already run: Hypothesis
         # starts every search with its simplest example, and a slow engine's search sees
@@ -467,7 +480,7 @@ class Campaign:
             for k, d in delta.items():
                 sec[k] = sec[k] + d
             sec["other"] = sec["other"] + max(0.0, wall - sum(delta.values()))
-        for k in ("starts", "warm_starts", "swaps", "swap_fallbacks"):
+        for k in ENGINE_COUNTERS:
             eng[k] = self._base[k] + sum(getattr(e, k, 0) for e in self._engines)
 
     def _new_engine(self) -> IsolatedEngine:
@@ -573,7 +586,34 @@ class Campaign:
         self._last_call = (max((r.call_requests for r in runs), default=0), split)
         self._log_family(cases, runs, eng, secs, time.monotonic() - t0, speculation, fresh)
         self._drain_events(cases[0])
+        if self._prestart_due and eng is self.engine and not fresh:
+            self._prestart_next()
         return runs
+
+    def _prestarts(self) -> bool:
+        """Whether the next search's engine starts in the background (CampaignConfig.prestart)."""
+        return self._spares() if self.cfg.prestart is None else bool(self.cfg.prestart)
+
+    def _prestart_next(self) -> None:
+        """Once a search's engine runs: start the next search's engine in the background
+        (IsolatedEngine.prestart), on the simplest family of its start shape (the shape is
+        known ahead: :meth:`_shape`), so that the next search's start is mostly waited for
+        already. Its tables are swapped for the search's own and checked at that start."""
+        self._prestart_due = False
+        if not self._prestarts():
+            return
+        index = self.search_index + 1
+        try:
+            shape = self._shape(index)
+            fam = simplest_family(self._strategy(shape))
+            if not fam:
+                return
+            cfg = engine_config(fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
+                                speculation=shape.spec is not None, settings=dict(self.cfg.engine_settings))
+            if self.engine.prestart(cfg):
+                self.on_event(f"prestarting the engine of search {index}: {shape.describe()}", self.stats)
+        except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, EngineCrash) as exc:
+            self.on_event(f"no prestart for search {index}: {exc}", self.stats)
 
     def _log_family(self, cases: list[Case], runs: list[CaseRun], eng: IsolatedEngine, secs: dict, wall: float,
                     speculation: bool, fresh: bool) -> None:
@@ -1038,6 +1078,7 @@ class Campaign:
                 self.stats.searches += 1
                 self._save_state()
                 self.shape = self._shape(self.search_index)
+                self._prestart_due = True
                 shape_key = hashlib.sha256(repr(self.shape).encode()).hexdigest()[:16]
                 eng = self.totals["engine"]
                 eng["searches"] += 1

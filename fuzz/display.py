@@ -94,7 +94,8 @@ def engine_time_table(engine: str, eng: dict, wall: float, workers: int = 1) -> 
         t.add_column(col, justify="right")
     share = [f"{100 * sec.get(k, 0.0) / total:.0f}%" for k in ("start", "swap", "sample", "shrink", "other")]
     fpm = 60 * eng.get("families", 0) * workers / total
-    starts = str(eng.get("starts", 0)) + (f" ({eng['warm_starts']} warm)" if eng.get("warm_starts") else "")
+    how = [f"{eng[k]} {word}" for k, word in (("warm_starts", "warm"), ("hot_starts", "prestarted")) if eng.get(k)]
+    starts = str(eng.get("starts", 0)) + (f" ({', '.join(how)})" if how else "")
     t.add_row(starts, str(eng.get("swaps", 0)), str(eng.get("families", 0)), f"{fpm:.1f}", *share)
     return t
 

@@ -257,3 +257,35 @@ class SlowInitEngine(ReferenceEngine):
     def __init__(self, **kw) -> None:
         time.sleep(1.5)
         super().__init__(**kw)
+
+
+class SlowStartEngine(ProcessRestartEngine):
+    """A process-restart engine whose start takes 2 s (a GPU engine's start, in little), that
+    fails to start on speculation with K=4 (an engine that dies at start), and counts its
+    starts per process, so that a prestarted engine can be told from one started on demand."""
+
+    name = "slow-start"
+    START_S = 2.0
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._starts_here = 0
+
+    def start(self, config):
+        time.sleep(self.START_S)
+        if config.speculation is not None and config.speculation.num_speculative_tokens == 4:
+            raise RuntimeError("engine died at start (K=4)")
+        super().start(config)
+        self._starts_here += 1
+
+    def swap(self, config):
+        from specfuzz.engines.reference_engine import ReferenceEngine
+
+        from specfuzz.engines.base import SwapReport, swap_parts
+
+        parts = swap_parts(self._config, config)
+        ReferenceEngine.start(self, config)  # a swap is fast: no start delay, not counted
+        return SwapReport(seconds=0.0, parts=parts, reset=("cached laws",))
+
+    def starts_here(self) -> tuple[int, int]:
+        return os.getpid(), self._starts_here

@@ -1,0 +1,132 @@
+"""Prestarted engines: the next search's engine starts in the background while this one
+samples; a start of a config with its swap key takes it, swaps the start's own tables in and
+checks them, and waits only for what is left of its start. A prestart never serves a fresh
+start (confirmations), never changes a verdict, and one that fails is not a finding."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from specfuzz.case import Case
+from specfuzz.engines.base import Request, swap_key
+from specfuzz.engines.isolation import IsolatedEngine
+from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+from specfuzz.fuzz.run import engine_config, run_case
+from specfuzz.oracle.params import SamplingParams
+from specfuzz.oracle.speculative import SpecConfig
+
+ENGINE = "tests.example_engines:SlowStartEngine"
+
+
+def _table(rng, V: int) -> np.ndarray:
+    t = rng.integers(-16, 13, size=(V, V)) / 4.0
+    t[np.arange(V), rng.integers(0, V, size=V)] = 4.0  # a unique maximum per row
+    return t
+
+
+def _case(rng, k: int, V: int = 4) -> Case:
+    return Case(_table(rng, V), (0, 1), SamplingParams(temperature=0.0, max_tokens=3),
+                spec=SpecConfig(method="draft_model", num_speculative_tokens=k), draft_table=_table(rng, V))
+
+
+def _greedy(table: np.ndarray, last: int, n: int) -> tuple[int, ...]:
+    out = []
+    for _ in range(n):
+        last = int(np.argmax(table[last]))
+        out.append(last)
+    return tuple(out)
+
+
+def test_a_prestarted_engine_serves_the_next_start_by_a_swap_and_hides_its_start(tmp_path):
+    rng = np.random.default_rng(0)
+    a, b, b2 = _case(rng, 1), _case(rng, 2), _case(rng, 2)  # b and b2: one start shape, other tables
+    cfg_b, cfg_b2 = engine_config(b, tmp_path / "ck"), engine_config(b2, tmp_path / "ck")
+    assert swap_key(cfg_b) == swap_key(cfg_b2) and cfg_b != cfg_b2
+    with IsolatedEngine(ENGINE, spare=True, log_dir=tmp_path / "logs") as eng:
+        eng.start(engine_config(a, tmp_path / "ck"))
+        assert eng.prestart(cfg_b) and eng.prestarts == 1
+        assert eng.prestart(cfg_b2) and eng.prestarts == 1  # the same key: the same prestarted engine
+        hot_pid = eng._hot["proc"].pid
+        # meanwhile the running engine samples its own tables
+        out = eng.generate([Request(a.prompt, a.params, 1)])[0].token_ids
+        assert out == _greedy(a.target_table, 1, 3)
+        time.sleep(3.0)  # longer than a start: the prestarted one is up by now
+        before = eng.seconds["start"]
+        eng.start(cfg_b2)
+        waited = eng.seconds["start"] - before
+        assert waited < 1.0  # (a start on demand takes 2 s and more)
+        assert (eng.starts, eng.hot_starts, eng.swaps, eng.swap_fallbacks) == (2, 1, 1, 0)
+        assert eng.pid == hot_pid and eng.call("starts_here") == (hot_pid, 1)
+        # every sample follows b2's tables, not the prestarted b's
+        outs = eng.generate([Request(b2.prompt, b2.params, s) for s in range(20)])
+        assert {o.token_ids for o in outs} == {_greedy(b2.target_table, 1, 3)}
+        run = run_case(eng, b2.with_(params=SamplingParams(max_tokens=3)), alpha=1e-3, ckpt_root=tmp_path / "ck", max_samples=300)
+        assert run.judgement is not None and not run.failed
+        assert eng._hot is None
+
+
+def test_a_prestart_of_another_shape_waits_unused_and_a_fresh_start_never_takes_it(tmp_path):
+    rng = np.random.default_rng(1)
+    a, b, c = _case(rng, 1), _case(rng, 2), _case(rng, 3)
+    with IsolatedEngine(ENGINE, spare=True, log_dir=tmp_path / "logs") as eng:
+        eng.start(engine_config(a, tmp_path / "ck"))
+        assert eng.prestart(engine_config(b, tmp_path / "ck"))
+        eng.start(engine_config(c, tmp_path / "ck"))  # another shape: an ordinary start
+        assert (eng.starts, eng.hot_starts) == (2, 0) and eng._hot is not None
+        eng.start(engine_config(b, tmp_path / "ck"), fresh=True)  # a confirmation: started afresh
+        assert (eng.starts, eng.hot_starts) == (3, 0) and eng.call("starts_here")[1] == 1
+        hot = eng._hot["proc"]
+        assert eng.prestart(engine_config(c, tmp_path / "ck"))  # a new prestart ends the unused one
+        assert any(e["event"] == "prestarted engine unused" for e in eng.events)
+        hot.join(10)
+        assert not hot.is_alive()
+        last = eng._hot["proc"]
+    last.join(10)
+    assert not last.is_alive()  # close() ends the prestarted engine too
+
+
+def test_a_prestart_that_fails_is_not_a_crash_and_the_start_runs_as_usual(tmp_path):
+    rng = np.random.default_rng(2)
+    a, bad = _case(rng, 1), _case(rng, 4)  # K=4: SlowStartEngine dies at start
+    with IsolatedEngine(ENGINE, spare=True, log_dir=tmp_path / "logs") as eng:
+        eng.start(engine_config(a, tmp_path / "ck"))
+        assert eng.prestart(engine_config(bad, tmp_path / "ck"))
+        time.sleep(2.5)
+        try:
+            eng.start(engine_config(bad, tmp_path / "ck"))
+        except Exception as exc:  # the ordinary start meets the engine's fault: that one is the crash
+            assert "K=4" in str(exc)
+        assert eng.crashes == 1 and eng.hot_starts == 0
+        assert [e["event"] for e in eng.events] == ["prestarted engine failed"]
+
+
+def test_no_prestart_without_spares_swaps_or_a_new_process_per_start(tmp_path):
+    rng = np.random.default_rng(3)
+    cfg = engine_config(_case(rng, 2), tmp_path / "ck")
+    with IsolatedEngine(ENGINE, log_dir=tmp_path / "logs") as eng:  # no spare processes
+        assert not eng.prestart(cfg)
+    with IsolatedEngine(ENGINE, spare=True, swap=False, log_dir=tmp_path / "logs") as eng:
+        assert not eng.prestart(cfg)
+    with IsolatedEngine("reference", spare=True, log_dir=tmp_path / "logs") as eng:  # restarts in-process
+        assert not eng.prestart(cfg)
+
+
+def test_a_campaign_prestarts_each_next_search_and_stores_nothing_on_a_correct_engine(tmp_path):
+    """A campaign on a slow-starting, correct engine with spare engines and prestarts on:
+    searches after the first start on a prestarted engine (swapped to their own tables and
+    checked), the totals count them, and nothing is stored."""
+    cfg = CampaignConfig(engine=ENGINE, budget_s=30, corpus_dir=tmp_path / "c", methods=("draft_model", "ngram"),
+                         work_dir=tmp_path / "wd", max_samples=200, max_k=3, spare_engines=True, prestart=True)
+    camp = Campaign(cfg)
+    stats = camp.run()
+    eng = json.loads((tmp_path / "c" / ".specfuzz" / "state.json").read_text())["totals"]["engine"]
+    assert stats.searches >= 3 and eng["prestarts"] >= 2 and eng["hot_starts"] >= 1
+    assert eng["hot_starts"] <= eng["starts"] and eng["hot_starts"] <= eng["prestarts"]
+    assert stats.findings_new == 0 and not list((tmp_path / "c").glob("*.json"))
+    off = Campaign(CampaignConfig(engine=ENGINE, budget_s=5, corpus_dir=tmp_path / "d", methods=("ngram",),
+                                  work_dir=tmp_path / "wd2", max_samples=100, spare_engines=True, prestart=False))
+    off.run()
+    assert off.totals["engine"]["prestarts"] == 0
