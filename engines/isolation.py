@@ -447,7 +447,7 @@ class IsolatedEngine:
 
     def _start(self, config: EngineConfig, fresh: bool) -> None:
         if fresh and self._proc is not None and not getattr(self.capabilities(), "restart_in_process", True):
-            self.close(keep_spare=True)
+            self.close(keep_spare=True, discard=True)
         if self._proc is not None and self._config == config and not fresh:
             return
         if not fresh and self._proc is not None and self._config is not None and self._swap(config):
@@ -458,7 +458,7 @@ class IsolatedEngine:
         # release their previous model in start()), unless the engine says it cannot
         # restart in-process; a dead one is respawned by _call.
         if self._proc is not None and self._config is not None and not getattr(self.capabilities(), "restart_in_process", True):
-            self.close(keep_spare=True)
+            self.close(keep_spare=True, discard=True)
         t0 = time.monotonic()
         try:
             self._call("start", config, timeout=self.start_timeout_s)
@@ -520,7 +520,7 @@ class IsolatedEngine:
             return False
         self._hot = None
         if self._proc is not None:
-            self.close(keep_spare=True)
+            self.close(keep_spare=True, discard=True)
         self._proc, self._conn, self.log_path = hot["proc"], hot["conn"], hot["log"]
         self._config = None
         self._unready = False
@@ -630,11 +630,19 @@ class IsolatedEngine:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def close(self, keep_spare: bool = False) -> None:
-        """End the engine process (and the spare one, unless ``keep_spare``)."""
+    def close(self, keep_spare: bool = False, discard: bool = False) -> None:
+        """End the engine process (and the spare one, unless ``keep_spare``). ``discard``: a
+        process of an engine that restarts in a new process, ended to make way for another
+        (a new start, a fresh confirmation done): killed with its process group at once
+        instead of asked to shut down (a GPU engine's shutdown takes seconds to tens of
+        seconds, and the device frees its memory when the processes die), unless engine
+        processes are being profiled (their profiles are written at shutdown)."""
         if not keep_spare:
             self.close_spare()
         if self._proc is None:
+            return
+        if discard and not os.environ.get(PROFILE_ENV):
+            self._kill()
             return
         try:
             if self._proc.is_alive():

@@ -577,7 +577,7 @@ class Campaign:
             )
         finally:
             if fresh and not getattr(self.engine.capabilities(), "restart_in_process", True):
-                eng.close(keep_spare=True)
+                eng.close(keep_spare=True, discard=True)
         self.stats.engine_starts += eng.starts - before
         self.stats.swaps += eng.swaps - swaps
         self.stats.swap_fallbacks += eng.swap_fallbacks - falls

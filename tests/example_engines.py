@@ -289,3 +289,10 @@ class SlowStartEngine(ProcessRestartEngine):
 
     def starts_here(self) -> tuple[int, int]:
         return os.getpid(), self._starts_here
+
+
+class SlowCloseEngine(SlowStartEngine):
+    """A SlowStartEngine whose shutdown takes 8 s (a GPU engine's shutdown takes seconds too)."""
+
+    def close(self) -> None:
+        time.sleep(8.0)

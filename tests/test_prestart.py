@@ -130,3 +130,20 @@ def test_a_campaign_prestarts_each_next_search_and_stores_nothing_on_a_correct_e
                                   work_dir=tmp_path / "wd2", max_samples=100, spare_engines=True, prestart=False))
     off.run()
     assert off.totals["engine"]["prestarts"] == 0
+
+
+def test_a_discarded_engine_process_is_killed_at_once_and_a_closed_one_shuts_down(tmp_path):
+    """A process ended to make way for another (a restart, a fresh confirmation done) is killed
+    with its group at once; close() otherwise lets the engine shut down."""
+    rng = np.random.default_rng(4)
+    a, b = _case(rng, 1), _case(rng, 2)
+    with IsolatedEngine("tests.example_engines:SlowCloseEngine", log_dir=tmp_path / "logs") as eng:
+        eng.start(engine_config(a, tmp_path / "ck"))
+        first = eng._proc
+        t0 = time.monotonic()
+        eng.start(engine_config(b, tmp_path / "ck"))  # a new config: the old process is discarded
+        assert not first.is_alive() and eng.starts == 2
+        assert time.monotonic() - t0 < 8.0  # the new start's 2 s (and a spawn), not the old one's 8-s shutdown too
+        t0 = time.monotonic()
+        eng.close()
+        assert time.monotonic() - t0 >= 8.0  # asked to shut down, and it did
