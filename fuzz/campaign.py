@@ -767,6 +767,15 @@ class Campaign:
             # Known once the engine answered: whether its restarts take a spare process.
             self.engine.spare_enabled = self._spares()
             self.engine._ensure_spare()
+            if self.engine.spare_enabled:
+                # The confirmation engine (and the speculation-off one) get a warmed-up process
+                # now, so that their first start does not wait for the engine's imports too.
+                self._fresh_engine = self._fresh_engine or self._new_engine()
+                if not self.cfg.calibration_only:
+                    self._spec_off_engine = self._spec_off_engine or self._new_engine()
+                for e in (self._fresh_engine, self._spec_off_engine):
+                    if e is not None:
+                        e._ensure_spare()
         methods = self._methods()
         n = max(1, len(methods))
         i = index - 1

@@ -126,6 +126,9 @@ def test_a_campaign_prestarts_each_next_search_and_stores_nothing_on_a_correct_e
     assert stats.searches >= 3 and eng["prestarts"] >= 2 and eng["hot_starts"] >= 1
     assert eng["hot_starts"] <= eng["starts"] and eng["hot_starts"] <= eng["prestarts"]
     assert stats.findings_new == 0 and not list((tmp_path / "c").glob("*.json"))
+    # the confirmation and speculation-off engines got a warmed-up process from the start,
+    # though a correct engine never needed them (their first start would not wait for imports)
+    assert camp._fresh_engine._spawned == 1 and camp._spec_off_engine._spawned == 1 and camp._fresh_engine.starts == 0
     off = Campaign(CampaignConfig(engine=ENGINE, budget_s=5, corpus_dir=tmp_path / "d", methods=("ngram",),
                                   work_dir=tmp_path / "wd2", max_samples=100, spare_engines=True, prestart=False))
     off.run()
