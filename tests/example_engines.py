@@ -259,12 +259,12 @@ class SlowInitEngine(ReferenceEngine):
         super().__init__(**kw)
 
 
-class SlowStartEngine(ProcessRestartEngine):
+class SlowRestartEngine(ProcessRestartEngine):
     """A process-restart engine whose start takes 2 s (a GPU engine's start, in little), that
     fails to start on speculation with K=4 (an engine that dies at start), and counts its
     starts per process, so that a prestarted engine can be told from one started on demand."""
 
-    name = "slow-start"
+    name = "slow-restart"
     START_S = 2.0
 
     def __init__(self, **kw) -> None:
@@ -291,8 +291,8 @@ class SlowStartEngine(ProcessRestartEngine):
         return os.getpid(), self._starts_here
 
 
-class SlowCloseEngine(SlowStartEngine):
-    """A SlowStartEngine whose shutdown takes 8 s (a GPU engine's shutdown takes seconds too)."""
+class SlowCloseEngine(SlowRestartEngine):
+    """A SlowRestartEngine whose shutdown takes 8 s (a GPU engine's shutdown takes seconds too)."""
 
     def close(self) -> None:
         time.sleep(8.0)

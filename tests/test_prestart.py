@@ -18,7 +18,7 @@ from specfuzz.fuzz.run import engine_config, run_case
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
 
-ENGINE = "tests.example_engines:SlowStartEngine"
+ENGINE = "tests.example_engines:SlowRestartEngine"
 
 
 def _table(rng, V: int) -> np.ndarray:
@@ -90,7 +90,7 @@ def test_a_prestart_of_another_shape_waits_unused_and_a_fresh_start_never_takes_
 
 def test_a_prestart_that_fails_is_not_a_crash_and_the_start_runs_as_usual(tmp_path):
     rng = np.random.default_rng(2)
-    a, bad = _case(rng, 1), _case(rng, 4)  # K=4: SlowStartEngine dies at start
+    a, bad = _case(rng, 1), _case(rng, 4)  # K=4: SlowRestartEngine dies at start
     with IsolatedEngine(ENGINE, spare=True, log_dir=tmp_path / "logs") as eng:
         eng.start(engine_config(a, tmp_path / "ck"))
         assert eng.prestart(engine_config(bad, tmp_path / "ck"))
