@@ -162,15 +162,25 @@ def swap_key(config: EngineConfig) -> str:
     return h.hexdigest()[:20]
 
 
+def _draft_part(config: EngineConfig) -> str:
+    """The swap part (SWAP_PARTS) that holds ``config``'s draft checkpoint."""
+    spec = config.speculation
+    return "head" if spec is not None and spec.method in ("eagle", "eagle3") else "draft"
+
+
 def swap_parts(old: EngineConfig, new: EngineConfig) -> tuple[str, ...]:
     """The parts a swap from ``old`` to ``new`` must load (see SWAP_PARTS)."""
     parts = []
     if Path(old.target_dir) != Path(new.target_dir):
         parts.append("target")
     if old.draft_dir != new.draft_dir:
-        spec = new.speculation
-        parts.append("head" if spec is not None and spec.method in ("eagle", "eagle3") else "draft")
+        parts.append(_draft_part(new))
     return tuple(parts)
+
+
+def table_parts(config: EngineConfig) -> tuple[str, ...]:
+    """Every part holding one of ``config``'s tables: what a swap into it from other tables loads."""
+    return ("target",) + ((_draft_part(config),) if config.speculation is not None and config.draft_dir is not None else ())
 
 
 class Engine(abc.ABC):

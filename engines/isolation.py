@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from specfuzz.engines.base import (
     Capabilities, Completion, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, swap_key, swap_parts,
+    table_parts,
 )
 from specfuzz.errors import InvalidInput, SpecfuzzError
 
@@ -481,10 +482,7 @@ class IsolatedEngine:
         caps = self.capabilities()
         if getattr(caps, "restart_in_process", True):
             return False
-        spec = config.speculation
-        needs = {"target"} | ({"head" if spec.method in ("eagle", "eagle3") else "draft"}
-                              if spec is not None and config.draft_dir is not None else set())
-        if not needs <= set(getattr(caps, "swap", ()) or ()):
+        if not set(table_parts(config)) <= set(getattr(caps, "swap", ()) or ()):
             return False  # its tables could not be swapped into it
         key = swap_key(config)
         if self._hot is not None:

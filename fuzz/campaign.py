@@ -365,8 +365,7 @@ class Campaign:
         # speculation-off engine, fresh confirmation engines): starts, swaps, and where the
         # wall time went (seconds: start, swap, sample, shrink, other).
         eng = self.totals.setdefault("engine", {})
-        for k in ("starts", "warm_starts", "hot_starts", "prestarts", "swaps", "swap_fallbacks", "stale_weights", "families",
-                  "samples", "searches"):
+        for k in (*ENGINE_COUNTERS, "stale_weights", "families", "samples", "searches"):
             eng.setdefault(k, 0)
         eng.setdefault("seconds", {})
         for k in ("start", "swap", "sample", "shrink", "other"):
