@@ -499,6 +499,9 @@ class IsolatedEngine:
         proc, conn, log_path = spare
         try:
             conn.send(("start", (config,)))
+            # Then the engine's warm_up, if it has one (say, the sampler paths SGLang compiles
+            # on first use): still in the background, so no family's sampling waits for it.
+            conn.send(("warm_up", ()))
         except (BrokenPipeError, OSError):
             _end_process(proc, conn)
             return False
@@ -525,13 +528,22 @@ class IsolatedEngine:
         _LIVE.add(self)
         t0 = time.monotonic()
         crashes = self.crashes
+        step = "start"
         try:
             self._receive("start", max(1.0, self.start_timeout_s - (t0 - hot["sent"])))
+            step = "warm-up"
+            try:
+                warm = self._receive("warm_up", max(1.0, self.start_timeout_s - (time.monotonic() - hot["sent"])))
+            except AttributeError:
+                warm = None  # the engine has no warm_up
+            if isinstance(warm, Mapping):
+                self.events.append({"event": "prestarted engine warmed up", **{str(k): v for k, v in warm.items()}})
         except (EngineCrash, InvalidInput, SwapUnsupported) as exc:
-            # Not a finding: the ordinary start that follows meets the same fault if there is one.
+            # Not a finding: the ordinary start that follows meets the same fault if there is one
+            # (a warm-up runs sampling settings that the campaign's own cases draw too).
             self.crashes = crashes
             self._kill()
-            self.events.append({"event": "prestarted engine failed", "detail": str(exc)[:500], "to": str(hot["config"].target_dir)})
+            self.events.append({"event": "prestarted engine failed", "detail": f"{step}: {str(exc)[:500]}", "to": str(hot["config"].target_dir)})
             return False
         finally:
             self.seconds["start"] += time.monotonic() - t0

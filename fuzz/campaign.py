@@ -512,8 +512,12 @@ class Campaign:
                         f.write(json.dumps(ev, default=str) + "\n")
                 except OSError:
                     pass
-                if ev.get("event") != "state kept across swap":
-                    self.on_event(f"swap: {ev.get('event')}: {str(ev.get('detail', ''))[:120]}", self.stats)
+                name = str(ev.get("event"))
+                if name.startswith("prestarted engine"):
+                    what = ev.get("detail") or ", ".join(f"{k} {ev[k]}" for k in ("seconds", "requests") if k in ev)
+                    self.on_event(f"{name}: {str(what)[:120]}", self.stats)
+                elif name != "state kept across swap":
+                    self.on_event(f"swap: {name}: {str(ev.get('detail', ''))[:120]}", self.stats)
                 if ev.get("stale_weights") and case is not None:
                     self.totals["engine"]["stale_weights"] += 1
                     self._store_stale_weights(case, ev)

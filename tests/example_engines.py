@@ -291,6 +291,27 @@ class SlowRestartEngine(ProcessRestartEngine):
         return os.getpid(), self._starts_here
 
 
+class WarmingRestartEngine(SlowRestartEngine):
+    """A SlowRestartEngine with a 1-s ``warm_up`` (a prestarted engine runs it after its start,
+    in the background) that raises on speculation with K=5 (a warm-up that meets a fault)."""
+
+    WARM_S = 1.0
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._warm_ups = 0
+
+    def warm_up(self) -> dict:
+        time.sleep(self.WARM_S)
+        if self._config.speculation is not None and self._config.speculation.num_speculative_tokens == 5:
+            raise RuntimeError("engine fault in its warm-up (K=5)")
+        self._warm_ups += 1
+        return {"seconds": self.WARM_S, "requests": 1}
+
+    def warm_ups_here(self) -> int:
+        return self._warm_ups
+
+
 class SlowCloseEngine(SlowRestartEngine):
     """A SlowRestartEngine whose shutdown takes 8 s (a GPU engine's shutdown takes seconds too)."""
 
