@@ -189,3 +189,28 @@ def test_a_discarded_engine_process_is_killed_at_once_and_a_closed_one_shuts_dow
         t0 = time.monotonic()
         eng.close()
         assert time.monotonic() - t0 >= 8.0  # asked to shut down, and it did
+
+
+def test_a_search_slice_counts_sampling_not_its_engines_start(tmp_path, monkeypatch):
+    """A search's slice counts the time its families sample, not its engine's start: with a
+    start (2 s, and its process's imports) longer than the slice (3 s here; on the H200 SGLang's 25-60 s starts against
+    a 41-s slice), the first search still runs several families, not one."""
+    import specfuzz.fuzz.campaign as campaign
+
+    monkeypatch.setattr(campaign, "SEARCH_SLICE_MIN_S", 3.0)
+    monkeypatch.setattr(campaign, "SLICE_START_FACTOR", 0.5)
+    monkeypatch.setattr(campaign, "FIRST_START_GUESS_S", 2.0)
+    cfg = CampaignConfig(engine=ENGINE, budget_s=16, corpus_dir=tmp_path / "c", methods=("draft_model", "ngram"),
+                         work_dir=tmp_path / "wd", max_samples=200, max_k=3, spare_engines=False, prestart=False)
+    camp = Campaign(cfg)
+    assert camp._slice_s() == 3.0
+    stats = camp.run()
+    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    by_search: dict[int, list] = {}
+    for f in fams:
+        if f["role"] == "search":
+            by_search.setdefault(f["search"], []).append(f)
+    # searches whose engine start (a new process: imports, then 2 s) outlasted the whole slice
+    slow = [fs for fs in by_search.values() if fs[0]["seconds"]["start"] >= 3.0]
+    assert slow and max(len(fs) for fs in slow) >= 3
+    assert stats.searches >= 2 and stats.findings_new == 0
