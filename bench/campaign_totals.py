@@ -3,7 +3,7 @@
 Reads a campaign's state file (``<corpus>/.specfuzz/state.json``, written by every campaign:
 per-engine starts, swaps, families, samples and seconds spent starting, swapping, sampling,
 shrinking and otherwise) and, with ``--before``, the state file of the same corpus before the
-run, so that the per-method counts (which add up over resumed runs) are this run's alone.
+run, so that the engine and per-method counts (which add up over resumed runs) are this run's alone.
 Appends one run to ``--out`` (bench/results/*.json; the README quotes them).
 
     python bench/campaign_totals.py --state /tmp/corpus_vllm/.specfuzz/state.json \\
@@ -32,9 +32,26 @@ def _methods_delta(now: dict, before: dict | None) -> dict:
     return out
 
 
+def _engine_delta(now: dict, before: dict | None) -> dict:
+    """The engine totals of this run alone: counters, seconds and shapes minus ``before``'s
+    (the state adds every resumed run up)."""
+    if not before:
+        return now
+    out: dict = {}
+    for k, v in now.items():
+        b = before.get(k)
+        if isinstance(v, dict):
+            out[k] = {n: x - (b or {}).get(n, 0) for n, x in v.items() if x - (b or {}).get(n, 0)}
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = v - (b or 0)
+        else:
+            out[k] = v
+    return out
+
+
 def summarize(state: dict, before: dict | None, label: str) -> dict:
     totals = state["totals"]
-    eng = totals.get("engine") or {}
+    eng = _engine_delta(totals.get("engine") or {}, ((before or {}).get("totals") or {}).get("engine"))
     sec = eng.get("seconds") or {}
     wall = sum(sec.values())
     fam = eng.get("families", 0)
@@ -47,6 +64,8 @@ def summarize(state: dict, before: dict | None, label: str) -> dict:
         "samples": eng.get("samples", 0),
         "engine_starts": eng.get("starts", 0),
         "warm_starts": eng.get("warm_starts", 0),
+        "prestarts": eng.get("prestarts", 0),
+        "hot_starts": eng.get("hot_starts", 0),
         "swaps": eng.get("swaps", 0),
         "swap_fallbacks": eng.get("swap_fallbacks", 0),
         "stale_weights": eng.get("stale_weights", 0),

@@ -237,3 +237,22 @@ def test_vllm_speculation_off_campaign_with_swaps_stores_nothing(tmp_path):
     stats = Campaign(cfg).run()
     assert stats.swaps >= 10 and stats.cases > stats.engine_starts
     assert sorted(p.name for p in (tmp_path / "c").glob("*.json")) == [f.name for f in known], stats.stored
+
+
+def test_campaign_totals_of_a_resumed_run_are_that_runs_alone():
+    """bench/campaign_totals.py --before: engine counters, seconds and per-method counts of the
+    run alone, not the state's sums over every resumed run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("campaign_totals", Path(__file__).resolve().parent.parent / "bench" / "campaign_totals.py")
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+    before = {"totals": {"methods": {"ngram": {"families": 2, "patterns": 2, "samples": 2000}},
+                         "engine": {"starts": 3, "families": 2, "samples": 2000, "seconds": {"start": 60.0, "sample": 20.0}}}}
+    now = {"totals": {"methods": {"ngram": {"families": 5, "patterns": 6, "samples": 5000}, "eagle": {"families": 1, "patterns": 1, "samples": 1000}},
+                      "engine": {"starts": 4, "prestarts": 1, "families": 8, "samples": 8000, "seconds": {"start": 80.0, "sample": 60.0}}}}
+    run = ct.summarize(now, before, "resumed")
+    assert (run["families"], run["engine_starts"], run["prestarts"], run["samples"]) == (6, 1, 1, 6000)
+    assert run["seconds"] == {"start": 20.0, "sample": 40.0} and run["wall_s"] == 60.0 and run["families_per_min"] == 6.0
+    assert run["methods"]["ngram"]["families"] == 3 and run["methods"]["eagle"]["families"] == 1
+    assert ct.summarize(now, None, "whole")["families"] == 8
