@@ -543,7 +543,10 @@ class IsolatedEngine:
             # (a warm-up runs sampling settings that the campaign's own cases draw too).
             self.crashes = crashes
             self._kill()
-            self.events.append({"event": "prestarted engine failed", "detail": f"{step}: {str(exc)[:500]}", "to": str(hot["config"].target_dir)})
+            # The engine's log tail goes with it (in the H200 SGLang campaign a prestarted engine
+            # whose warm-up met a known crash killed itself: the log held the traceback).
+            self.events.append({"event": "prestarted engine failed", "detail": f"{step}: {str(exc)[:500]}", "to": str(hot["config"].target_dir),
+                                "log_tail": str(getattr(exc, "log_tail", "") or "")[-2000:]})
             return False
         finally:
             self.seconds["start"] += time.monotonic() - t0

@@ -138,6 +138,7 @@ def test_a_prestarted_engine_warms_up_in_the_background_and_a_failed_warm_up_is_
         assert eng.crashes == 0 and eng.hot_starts == 1 and eng.pid != hot_pid
         assert [e["event"] for e in eng.events] == ["prestarted engine failed"]
         assert eng.events[0]["detail"].startswith("warm-up:") and "K=5" in eng.events[0]["detail"]
+        assert "engine fault in its warm-up" in eng.events[0]["log_tail"]  # the child's traceback
         outs = eng.generate([Request(bad.prompt, bad.params, s) for s in range(5)])
         assert {o.token_ids for o in outs} == {_greedy(bad.target_table, 1, 3)}
 
