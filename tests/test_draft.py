@@ -390,3 +390,16 @@ def test_observations_stored_with_an_entry_are_part_of_its_issue(tmp_path):
     entry.write_text(json.dumps(d))
     draft_entry(entry, tmp_path / "e")
     assert "Also measured" not in (tmp_path / "e" / "ISSUE.md").read_text()
+
+
+def test_a_repro_draws_enough_samples_to_reach_a_rare_context_again():
+    """A finding whose evidence sits in a context met once in 1000 samples (the stored
+    h200/sglang/finding-75b4: (0, 1), then a token after the stop token) gets a repro that
+    reaches that context 10 times on average; common contexts keep 3x the finding's samples."""
+    from specfuzz.fuzz.draft.repro import RARE_CONTEXT_VISITS, default_samples
+
+    rare = prepare(Entry.from_json(json.loads((ROOT / "corpus/h200/sglang/finding-75b41651564d695e.json").read_text())), "rare")
+    assert rare.entry.verdict["worst_token"]["context_count"] == 1 and rare.entry.verdict["n"] == 1000
+    assert default_samples(rare) == RARE_CONTEXT_VISITS * 1000
+    common = prepare(Entry.from_json(json.loads((ROOT / "corpus/h200/sglang/finding-8b9042d26fcb0d58.json").read_text())), "common")
+    assert default_samples(common) == 1500  # context (0,) in half of 500 samples: 3 x 500

@@ -30,6 +30,12 @@ REFERENCE_REPRO_SAMPLES = 20_000
 # Engine repros: this many times the samples the finding needed, within these bounds.
 ENGINE_REPRO_FACTOR = 3
 ENGINE_REPRO_SAMPLES = (1000, 5000)
+# A finding whose evidence sits in a rarely reached context (a prefix met in few of the
+# finding's samples: h200/sglang/finding-75b4's (0, 1), once in 1000) needs enough samples
+# for the repro to reach that context this many times on average, up to RARE_REPRO_SAMPLES
+# (3000 samples would miss finding-75b4's context 6% of the time).
+RARE_CONTEXT_VISITS = 10
+RARE_REPRO_SAMPLES = 20_000
 
 
 def _py(obj: Any) -> str:
@@ -150,7 +156,13 @@ def default_samples(data: DraftData) -> int:
     if data.engine_kind == "reference":
         return REFERENCE_REPRO_SAMPLES
     lo, hi = ENGINE_REPRO_SAMPLES
-    return int(min(hi, max(lo, ENGINE_REPRO_FACTOR * data.n)))
+    n = int(min(hi, max(lo, ENGINE_REPRO_FACTOR * data.n)))
+    worst = (data.entry.verdict or {}).get("worst_token") or {}
+    seen, total = worst.get("context_count"), (data.entry.verdict or {}).get("n") or data.n
+    if isinstance(seen, int) and 0 < seen < total:
+        need = -(-RARE_CONTEXT_VISITS * int(total) // seen)  # ceil
+        n = max(n, min(RARE_REPRO_SAMPLES, need))
+    return n
 
 
 # The template of each engine's part, and what the script needs besides numpy and safetensors.
