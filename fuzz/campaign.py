@@ -18,9 +18,13 @@ crosses it is a candidate, run again with fresh samples (seeds of its own), on a
 started engine (no swap), at the level of the campaign's next confirmation (α_j, spent
 from the α ledger that every worker and resumed run shares: ``fuzz/ledger.py``,
 ``oracle/budget.py``). Only a confirmed failure counts: then the example raises, and
-Hypothesis shrinks it. Every shrink candidate is again run with fresh samples and must
-fail, be confirmed on a fresh engine, and keep the same attribution label, so neither
-noise nor a swap can steer the shrink. The smallest confirmed failure is calibrated (the same
+Hypothesis shrinks it. Every shrink candidate is again run with fresh samples on the running
+engine (its tables swapped in and checked) and must fail the screening test with the same
+attribution label; the smallest one Hypothesis keeps is then confirmed on a fresh engine at
+the next α_j, and if it does not confirm, the smallest confirmed failure is kept: neither
+noise nor a swap can make a stored failure, and a shrink costs two fresh starts, not one per
+candidate (25-60 s each on the H200, which left Hypothesis one or two candidates). The
+greedy shrinker that follows confirms its result the same way. The smallest confirmed failure is calibrated (the same
 engine with speculation off must agree with μ) and stored. Crashes shrink with every
 candidate on a fresh engine process. Failures whose signature is already in the corpus
 update it (once per run, after a confirmation) and do not stop the search. The
@@ -978,14 +982,21 @@ class Campaign:
                         self.seen_again.add(sig)
                         self._update_known(r)
                     continue
-                conf, j = self._confirm(r, speculation)
-                if not conf.failed:
-                    continue
-                if not label_of_first:
+                if label_of_first:
+                    # While shrinking a confirmed failure, a smaller one of the same bug counts on
+                    # the screening test on the running engine; only the smallest is confirmed on
+                    # a fresh engine, when the search ends (below). A fresh start per candidate
+                    # (25-60 s on the H200) left Hypothesis one or two candidates per shrink.
+                    conf, j = None, 0
+                else:
+                    conf, j = self._confirm(r, speculation)
+                    if not conf.failed:
+                        continue
                     label_of_first.append(label)
                     shrinking()
                     self.on_event(f"failure ({label}); shrinking", self.stats)
                 confirmed.append(([r.case], r, conf, j))
+                # One raise site: Hypothesis tells failures apart by where they are raised.
                 raise PatternFailed(label)
 
         try:
@@ -1004,6 +1015,17 @@ class Campaign:
                 self._record_crash(one[0], one[1], [one[0]], shrunk=True)
             else:
                 self._record_crash(fam[0], crash, fam, shrunk=True)
+        if confirmed and confirmed[-1][2] is None:
+            # The smallest failure Hypothesis kept, confirmed on a freshly started engine at the
+            # next α_j like any candidate; if it does not confirm, the smallest confirmed one is kept.
+            self._extend_watchdog()
+            fam, r, _, _ = confirmed[-1]
+            conf, j = self._confirm(r, speculation)
+            confirmed = [c for c in confirmed if c[2] is not None]
+            if conf.failed:
+                confirmed.append((fam, r, conf, j))
+            else:
+                self.on_event("the smallest failure did not confirm on a fresh engine: the smallest confirmed one is kept", self.stats)
         return confirmed[-1] if confirmed else None
 
     def _crashing_pattern(self, family: list[Case], crash: EngineCrash, seed: int, speculation: bool):

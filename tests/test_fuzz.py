@@ -63,11 +63,27 @@ def test_calibration_campaign_with_speculation_off_stores_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path):
+def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatch):
+    # Where confirmations (fresh engine starts) are made: Hypothesis's shrink candidates are
+    # screened on the running engine, and only the smallest one is confirmed afresh, by the
+    # search once it ends (a fresh start per candidate took 17 confirmations here, and on the
+    # H200, at 25-60 s each, left one or two candidates per shrink).
+    calls: list[str] = []
+    confirm = Campaign._confirm
+
+    def spy(self, run, speculation, engine=None):
+        calls.append(sys._getframe(1).f_code.co_name if engine is None else "known")
+        return confirm(self, run, speculation, engine=engine)
+
+    monkeypatch.setattr(Campaign, "_confirm", spy)
     _, stats = _campaign(tmp_path, 90, engine="example_engines:UncataloguedBugEngine", seed=5, methods=("draft_model",))
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
     assert found[0].label == "unknown"
+    assert "_search" in calls, calls  # the smallest shrink candidate, confirmed on a fresh engine
+    assert stats.candidates > stats.confirmations, (stats.candidates, calls)
+    case = found[0].case
+    assert len(case["target_table"]) <= 3 and case["params"]["max_tokens"] <= 2
 
 
 @pytest.mark.slow
