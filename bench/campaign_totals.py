@@ -8,6 +8,11 @@ Appends one run to ``--out`` (bench/results/*.json; the README quotes them).
 
     python bench/campaign_totals.py --state /tmp/corpus_vllm/.specfuzz/state.json \\
         --before old_state.json --label "vLLM 0.25.0, H200, 15 min" --out bench/results/reuse_h200.json
+
+A ``--workers N`` campaign keeps one state file per worker (``state.json``, ``state-w1.json``, ...):
+``--corpus DIR [--before-corpus OLD_DIR]`` reads every one of them (and the same names before the
+run; a worker without one then started fresh) and adds the workers up. Families per minute are
+then over the campaign's wall time (the longest worker's), the shares over every worker's seconds.
 """
 
 from __future__ import annotations
@@ -77,17 +82,70 @@ def summarize(state: dict, before: dict | None, label: str) -> dict:
     }
 
 
+def add_workers(runs: list[dict], label: str) -> dict:
+    """Worker runs of one campaign (they ran side by side) added up: counts and seconds summed,
+    families per minute over the longest worker's wall time, shares over all their seconds."""
+    out: dict = {"label": label, "date": datetime.date.today().isoformat(), "workers": len(runs)}
+    for k in ("families", "samples", "engine_starts", "warm_starts", "prestarts", "hot_starts", "swaps",
+              "swap_fallbacks", "stale_weights", "searches"):
+        out[k] = sum(r.get(k, 0) for r in runs)
+    sec: dict = {}
+    for r in runs:
+        for k, v in r["seconds"].items():
+            sec[k] = sec.get(k, 0.0) + v
+    total = sum(sec.values())
+    wall = max(r["wall_s"] for r in runs)
+    out["wall_s"] = wall
+    out["families_per_min"] = round(60.0 * out["families"] / wall, 2) if wall else 0.0
+    out["per_worker_families_per_min"] = [r["families_per_min"] for r in runs]
+    out["share"] = {k: round(v / total, 3) for k, v in sec.items()} if total else {}
+    out["seconds"] = {k: round(v, 1) for k, v in sec.items()}
+    methods: dict = {}
+    shapes: dict = {}
+    for r in runs:
+        for v, n in r.get("shapes", {}).items():
+            shapes[v] = shapes.get(v, 0) + n
+        for m, d in r["methods"].items():
+            dst = methods.setdefault(m, {"families": 0, "patterns": 0, "samples": 0, "variants": {}})
+            for k in ("families", "patterns", "samples"):
+                dst[k] += d.get(k, 0)
+            for v, n in d.get("variants", {}).items():
+                dst["variants"][v] = dst["variants"].get(v, 0) + n
+    out["shapes"], out["methods"] = shapes, methods
+    return out
+
+
+def _states(corpus: Path) -> dict[str, dict]:
+    d = corpus / ".specfuzz"
+    paths = sorted(d.glob("state*.json"), key=lambda p: (p.name != "state.json", len(p.name), p.name))  # worker 0 first
+    return {p.name: json.loads(p.read_text()) for p in paths}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--state", required=True, type=Path)
+    ap.add_argument("--state", type=Path, help="one campaign state file")
     ap.add_argument("--before", type=Path, default=None, help="the corpus's state file before this run")
+    ap.add_argument("--corpus", type=Path, help="a corpus: every worker's state file, added up")
+    ap.add_argument("--before-corpus", type=Path, help="the same corpus before this run")
     ap.add_argument("--label", required=True)
     ap.add_argument("--note", default="")
     ap.add_argument("--out", required=True, type=Path)
     a = ap.parse_args(argv)
-    state = json.loads(a.state.read_text())
-    before = json.loads(a.before.read_text()) if a.before else None
-    run = summarize(state, before, a.label)
+    if (a.state is None) == (a.corpus is None):
+        ap.error("give --state FILE or --corpus DIR")
+    if a.corpus is not None:
+        now = _states(a.corpus)
+        if not now:
+            ap.error(f"--corpus {a.corpus}: no .specfuzz/state*.json in it")
+        old = _states(a.before_corpus) if a.before_corpus else {}
+        runs = [summarize(st, old.get(name), a.label if len(now) == 1 else f"{a.label} [{name}]") for name, st in now.items()]
+        run = runs[0] if len(runs) == 1 else add_workers(runs, a.label)
+        if len(runs) > 1:
+            run["per_worker"] = runs
+    else:
+        state = json.loads(a.state.read_text())
+        before = json.loads(a.before.read_text()) if a.before else None
+        run = summarize(state, before, a.label)
     if a.note:
         run["note"] = a.note
     doc = json.loads(a.out.read_text()) if a.out.exists() else {"bench": "bench/campaign_totals.py", "runs": []}

@@ -256,3 +256,31 @@ def test_campaign_totals_of_a_resumed_run_are_that_runs_alone():
     assert run["seconds"] == {"start": 20.0, "sample": 40.0} and run["wall_s"] == 60.0 and run["families_per_min"] == 6.0
     assert run["methods"]["ngram"]["families"] == 3 and run["methods"]["eagle"]["families"] == 1
     assert ct.summarize(now, None, "whole")["families"] == 8
+
+
+def test_campaign_totals_add_up_the_workers_of_one_campaign(tmp_path):
+    """bench/campaign_totals.py --corpus: every worker's state file (a worker without one before the
+    run started fresh), added up; families per minute over the longest worker's wall time."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("campaign_totals", Path(__file__).resolve().parent.parent / "bench" / "campaign_totals.py")
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+
+    def state(fam, start, sample, variants):
+        return {"totals": {"methods": {"ngram": {"families": fam, "patterns": fam, "samples": 1000 * fam, "variants": variants}},
+                           "engine": {"starts": 1, "families": fam, "samples": 1000 * fam, "seconds": {"start": start, "sample": sample}}}}
+
+    old, new = tmp_path / "old" / ".specfuzz", tmp_path / "new" / ".specfuzz"
+    old.mkdir(parents=True), new.mkdir(parents=True)
+    (old / "state.json").write_text(json.dumps(state(4, 30.0, 30.0, {"K=2": 4})))
+    (new / "state.json").write_text(json.dumps(state(10, 60.0, 60.0, {"K=2": 10})))  # this run: 6 families in 60 s
+    (new / "state-w1.json").write_text(json.dumps(state(9, 20.0, 40.0, {"engine default": 9})))  # fresh: 9 in 60 s
+    out = tmp_path / "r.json"
+    assert ct.main(["--corpus", str(tmp_path / "new"), "--before-corpus", str(tmp_path / "old"), "--label", "w2", "--out", str(out)]) == 0
+    run = json.loads(out.read_text())["runs"][-1]
+    assert run["workers"] == 2 and run["families"] == 15 and run["wall_s"] == 60.0 and run["families_per_min"] == 15.0
+    assert run["share"] == {"start": 0.417, "sample": 0.583} and run["per_worker_families_per_min"] == [6.0, 9.0]
+    assert run["methods"]["ngram"]["variants"] == {"K=2": 6, "engine default": 9}
+    with pytest.raises(SystemExit):
+        ct.main(["--label", "x", "--out", str(out)])  # neither --state nor --corpus
