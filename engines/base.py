@@ -99,6 +99,12 @@ class Capabilities:
     # (extra.call_prompt_tokens); replays of an entry split as it was run.
     seeded_call_prompt_tokens: int | None = None
 
+    def honoured(self, speculation: bool) -> frozenset[str]:
+        """The SamplingParams fields the engine honours, with speculation on or off."""
+        if speculation and self.sampling_with_speculation is not None:
+            return self.sampling_with_speculation
+        return self.sampling
+
 
 # The parts of a started engine a swap can replace (Capabilities.swap).
 SWAP_PARTS: tuple[str, ...] = ("target", "draft", "head")

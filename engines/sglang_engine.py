@@ -542,7 +542,7 @@ class SGLangEngine(Engine):
         t0 = time.perf_counter()
         V = int(self._vocab_size)
         caps = self.capabilities()
-        honoured = caps.sampling_with_speculation if self._spec is not None and caps.sampling_with_speculation is not None else caps.sampling
+        honoured = caps.honoured(self._spec is not None)
         one: dict[str, Any] = {
             "repetition_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.5, "min_p": 0.05,
             "top_k": 2, "top_p": 0.9, "logit_bias": {0: 1.0}, "stop_token_ids": (V - 1,),

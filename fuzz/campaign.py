@@ -807,7 +807,7 @@ class Campaign:
         speculation = shape.spec is not None
         return case_families(
             max_patterns=self.cfg.max_patterns, shape=shape, max_tokens=self.cfg.max_tokens,
-            sampling=(getattr(caps, "sampling_with_speculation", None) or caps.sampling) if speculation else caps.sampling,
+            sampling=caps.honoured(speculation),
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
         )
 
