@@ -5,6 +5,7 @@ None of them is known to specfuzz: they are imported by name in a child process.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -185,6 +186,20 @@ class BatchCrashEngine(ReferenceEngine):
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         if len(requests) > 1:
             raise RuntimeError(f"batch crash engine: {len(requests)} requests in one call")
+        return super().generate(requests)
+
+
+class MixedBatchCrashEngine(ReferenceEngine):
+    """Raises on a call that mixes requests of different prompts or sampling settings (as
+    corpus/crash-baa7a7b384649b8b, met only in a batch of three request patterns): each
+    pattern alone, in batches of any size, runs."""
+
+    name = "mixed-batch-crash"
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        kinds = {(tuple(r.prompt), json.dumps(r.params.to_json(), sort_keys=True)) for r in requests}
+        if len(kinds) > 1:
+            raise RuntimeError(f"mixed batch crash engine: {len(kinds)} request patterns in one call")
         return super().generate(requests)
 
 

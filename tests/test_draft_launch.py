@@ -290,6 +290,34 @@ def test_a_crash_repro_sends_the_request_as_a_batch_like_the_campaign(tmp_path):
     assert single.returncode == 0 and single.stdout.strip().splitlines()[-1] == "PASS", single.stdout + single.stderr
 
 
+def test_a_crash_repro_mixes_the_request_patterns_of_the_crashing_batch(tmp_path):
+    """A crash met only in a batch of several request patterns (crash-baa7a7b384649b8b) reproduces:
+    repro.py sends the recorded batch patterns mixed in each call (FAIL), where the main pattern
+    alone runs (PASS)."""
+    import os
+
+    base = json.loads((ROOT / "corpus" / "regression" / "regression-N1.json").read_text())
+    other = dict(base["case"]["params"], top_k=2)
+    patterns = [{"prompt": list(base["case"]["prompt"]), "params": base["case"]["params"]},
+                {"prompt": [1, 0], "params": other}]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    results = {}
+    for name, extra in (("mixed", {"batch_patterns": patterns}), ("alone", {})):
+        e = Entry(kind="crash", engine={"name": "mixed-batch-crash", "engine_spec": "example_engines:MixedBatchCrashEngine"},
+                  case=base["case"], evidence="engine exception: generate raised RuntimeError: mixed batch crash engine",
+                  extra={"crash_kind": "exception", "batch_size": 6, **extra})
+        p = tmp_path / f"crash-{name}.json"
+        p.write_text(json.dumps(e.to_json()))
+        out = draft_entry(p, tmp_path / name).out_dir
+        results[name] = subprocess.run([sys.executable, "repro.py", "--engine-class", "example_engines:MixedBatchCrashEngine"],
+                                       cwd=out, capture_output=True, text=True, timeout=300, env=env)
+    mixed, alone = results["mixed"], results["alone"]
+    assert mixed.returncode == 1 and mixed.stdout.strip().splitlines()[-1] == "FAIL", mixed.stdout + mixed.stderr
+    assert "mixed batch crash engine: 2 request patterns in one call" in mixed.stderr
+    assert alone.returncode == 0 and alone.stdout.strip().splitlines()[-1] == "PASS", alone.stdout + alone.stderr
+    assert "6 more requests" not in alone.stdout and "(and 5 more requests of the batch)" in alone.stdout
+
+
 def test_a_crash_repro_says_fail_when_the_engine_kills_the_process_that_started_it(tmp_path):
     """An engine that takes down the process it runs in (a segfault here; SGLang's scheduler
     signals its parent to kill its process tree) still gets a verdict: the crash runner starts

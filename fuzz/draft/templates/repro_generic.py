@@ -37,8 +37,11 @@ def start_engine(ckpt, args):
                               speculation=None if SPECULATION is None else SpecConfig.from_json(SPECULATION),
                               dtype=DTYPE, max_model_len=MAX_MODEL_LEN, settings=settings))
 
-    def generate(sampling, seeds):
-        params = SamplingParams.from_json(sampling)
-        return [tuple(c.token_ids) for c in engine.generate([Request(tuple(PROMPT), params, s) for s in seeds])]
+    def generate(sampling, seeds, prompts=None):
+        # one request per seed; sampling and prompts may also be lists, one per seed (a mixed batch)
+        samplings = sampling if isinstance(sampling, list) else [sampling] * len(seeds)
+        reqs = [Request(tuple(pr), SamplingParams.from_json(p), s)
+                for pr, p, s in zip(prompts or [PROMPT] * len(seeds), samplings, seeds)]
+        return [tuple(c.token_ids) for c in engine.generate(reqs)]
 
     return generate

@@ -117,18 +117,18 @@ def start_engine(ckpt, args):
             greedy_extra["assistant_model"] = assistant()  # HF prunes the sampled assistant's LM head in place
     one_at_a_time = SPECULATION is not None  # assisted generation needs batch size 1
 
-    def call(p, n, seed):
+    def call(p, n, seed, prompt=PROMPT):
         kw = generation_kwargs(p)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             gc = transformers.GenerationConfig(**kw, num_return_sequences=n)
             torch.manual_seed(int(seed))
-            ids = torch.tensor([list(PROMPT)], dtype=torch.long)
+            ids = torch.tensor([list(prompt)], dtype=torch.long)
             with torch.no_grad():
                 seqs = model.generate(ids, generation_config=gc, **(greedy_extra if not kw["do_sample"] else extra))
         stops = set(eos_ids(p))
         outs = []
-        for row in seqs[:, len(PROMPT):].tolist():
+        for row in seqs[:, len(prompt):].tolist():
             toks = []
             for t in row[: p["max_tokens"]]:
                 toks.append(int(t))
@@ -137,7 +137,10 @@ def start_engine(ckpt, args):
             outs.append(tuple(toks))
         return outs
 
-    def generate(sampling, seeds):
+    def generate(sampling, seeds, prompts=None):
+        if isinstance(sampling, list) or prompts:  # a mixed batch: one request at a time, as the adapter runs them
+            samplings = sampling if isinstance(sampling, list) else [sampling] * len(seeds)
+            return [call(p, 1, s, pr)[0] for p, s, pr in zip(samplings, seeds, prompts or [PROMPT] * len(seeds))]
         greedy = sampling["temperature"] < GREEDY_TEMPERATURE_EPS
         if one_at_a_time:
             return [call(sampling, 1, s)[0] for s in seeds]

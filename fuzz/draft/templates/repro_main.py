@@ -10,7 +10,8 @@ import tempfile
 from collections import Counter
 
 from specfuzz.fuzz.draft.templates.repro_common import (
-    ALPHA, CRASH, CRASH_BATCH, DEFAULT_SAMPLES, EXPECTED, SAMPLING, SEQUENCE, SUSPECTED, law_of, log_e_value, report,
+    ALPHA, BATCH_PATTERNS, CRASH, CRASH_BATCH, DEFAULT_SAMPLES, EXPECTED, PROMPT, SAMPLING, SEQUENCE, SUSPECTED, law_of,
+    log_e_value, report,
 )
 from specfuzz.fuzz.draft.templates.repro_draft import Checkpoints
 from specfuzz.fuzz.draft.templates.repro_generic import DEFAULT_BATCH, add_engine_arguments, describe, start_engine
@@ -91,16 +92,25 @@ def run_crash(ckpt, args):
     """A crash finding: start the engine and run the recorded request sequence, one request per
     step, or else the request as the campaign ran it: one engine call with a batch of requests
     with distinct seeds (--batch, default CRASH_BATCH: some crashes need the batch, e.g. a long
-    prefill chunked among many); FAIL if the engine raises, at start or on a request."""
+    prefill chunked among many), its requests taking the request patterns of the crashing batch
+    in turn (this request first, then BATCH_PATTERNS: some crashes need them mixed); FAIL if the
+    engine raises, at start or on a request."""
     import traceback
 
     steps = SEQUENCE or [SAMPLING]
     batch = 1 if SEQUENCE else (args.batch or CRASH_BATCH)
+    mixed = [(PROMPT, SAMPLING)] + [(p["prompt"], p["params"]) for p in BATCH_PATTERNS or []]
     try:
         generate = start_engine(ckpt, args)
         for i, sampling in enumerate(steps):
-            out = generate(sampling, [args.seed + i * batch + j for j in range(batch)])
-            more = f" (and {batch - 1} more requests of the batch)" if batch > 1 else ""
+            seeds = [args.seed + i * batch + j for j in range(batch)]
+            if len(mixed) > 1 and not SEQUENCE:
+                out = generate([mixed[j % len(mixed)][1] for j in range(batch)], seeds,
+                               [mixed[j % len(mixed)][0] for j in range(batch)])
+            else:
+                out = generate(sampling, seeds)
+            more = f" (and {batch - 1} more requests of the batch" if batch > 1 else ""
+            more += f", {len(mixed)} request patterns in turn)" if more and len(mixed) > 1 and not SEQUENCE else ")" if more else ""
             print(f"request {i + 1}/{len(steps)}: output {tuple(out[0])}{more}")
     except Exception:  # noqa: BLE001 - the crash is the finding
         traceback.print_exc(limit=6)

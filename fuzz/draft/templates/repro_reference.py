@@ -50,17 +50,23 @@ def start_engine(ckpt, args):
         draft = DraftModel(d, None if DRAFT_D2T is None else tuple(DRAFT_D2T))
     laws = {}
 
-    def generate(sampling, seeds):
-        key = json.dumps(sampling, sort_keys=True)
+    def batch(sampling, seeds, prompt):
+        key = json.dumps([sampling, prompt], sort_keys=True)
         if key not in laws:
             params = SamplingParams.from_json(sampling)
-            laws[key] = (params, TargetLaw(table, tuple(PROMPT), params, eos_token_id=eos))
+            laws[key] = (params, TargetLaw(table, tuple(prompt), params, eos_token_id=eos))
         params, law = laws[key]
         rng = np.random.default_rng(seeds[0])  # one stream per batch, seeded by its first seed
         if spec is None:
             return [plain_sample(law, rng) for _ in seeds]
-        proc = SpeculativeProcess(law, tuple(PROMPT), params.max_tokens, spec, draft, params.temperature)
+        proc = SpeculativeProcess(law, tuple(prompt), params.max_tokens, spec, draft, params.temperature)
         return MonteCarloDriver(proc, rng).sample_many(len(seeds))
+
+    def generate(sampling, seeds, prompts=None):
+        if isinstance(sampling, list) or prompts:  # a mixed batch: each request on its own
+            samplings = sampling if isinstance(sampling, list) else [sampling] * len(seeds)
+            return [batch(p, [s], list(pr))[0] for p, s, pr in zip(samplings, seeds, prompts or [PROMPT] * len(seeds))]
+        return batch(sampling, seeds, list(PROMPT))
 
     return generate
 

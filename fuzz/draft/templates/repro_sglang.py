@@ -87,9 +87,11 @@ def start_engine(ckpt, args):
         kwargs["random_seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
     engine = sglang.Engine(**kwargs)
 
-    def generate(sampling, seeds):
-        outs = engine.generate(input_ids=[list(PROMPT) for _ in seeds],
-                               sampling_params=[sglang_sampling_params(sampling, s) for s in seeds])
+    def generate(sampling, seeds, prompts=None):
+        # one request per seed; sampling and prompts may also be lists, one per seed (a mixed batch)
+        samplings = sampling if isinstance(sampling, list) else [sampling] * len(seeds)
+        outs = engine.generate(input_ids=[list(pr) for pr in (prompts or [PROMPT] * len(seeds))],
+                               sampling_params=[sglang_sampling_params(p, s) for p, s in zip(samplings, seeds)])
         if isinstance(outs, dict):
             outs = [outs]
         result = []

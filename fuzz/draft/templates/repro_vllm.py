@@ -86,9 +86,12 @@ def start_engine(ckpt, args):
     llm = LLM(**with_checkpoints(LAUNCH["kwargs"], ckpt))
     eos = EOS_TOKEN_ID
 
-    def generate(sampling, seeds):
-        params = [vllm_sampling_params(sampling, s) for s in seeds]
-        outs = llm.generate([TokensPrompt(prompt_token_ids=list(PROMPT)) for _ in seeds], params, use_tqdm=False)
+    def generate(sampling, seeds, prompts=None):
+        # one request per seed; sampling and prompts may also be lists, one per seed (a mixed batch)
+        samplings = sampling if isinstance(sampling, list) else [sampling] * len(seeds)
+        params = [vllm_sampling_params(p, s) for p, s in zip(samplings, seeds)]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=list(pr)) for pr in (prompts or [PROMPT] * len(seeds))],
+                            params, use_tqdm=False)
         result = []
         for o in outs:
             c = o.outputs[0]
