@@ -219,6 +219,14 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
                   + (f" ({data.scrub.text(str(note))})" if note else "")]
     elif not data.is_crash:
         L += [f"- one request per sample, each with its own seed ({data.n} samples)"]
+    mixed = e.extra.get("batch_patterns") if data.is_crash and not seq else None
+    if isinstance(mixed, list) and mixed:
+        L += [f"- the crash came in one engine call that mixed {len(mixed)} request patterns, this one among them "
+              "(`repro.py` sends them in turn, each request with its own seed):"]
+        for i, pat in enumerate(mixed, 1):
+            nd_i = _nondefault_params(pat.get("params") or {}) if isinstance(pat, Mapping) else {}
+            prompt = list(pat.get("prompt") or []) if isinstance(pat, Mapping) else []
+            L += [f"  {i}. prompt `{prompt}`, " + (", ".join(f"`{k}={v!r}`" for k, v in nd_i.items()) or "default sampling")]
     L += [""]
     # speculation
     L += ["## Speculation settings", ""]

@@ -93,13 +93,15 @@ def run_crash(ckpt, args):
     step, or else the request as the campaign ran it: one engine call with a batch of requests
     with distinct seeds (--batch, default CRASH_BATCH: some crashes need the batch, e.g. a long
     prefill chunked among many), its requests taking the request patterns of the crashing batch
-    in turn (this request first, then BATCH_PATTERNS: some crashes need them mixed); FAIL if the
+    in turn (BATCH_PATTERNS, this request among them: some crashes need them mixed); FAIL if the
     engine raises, at start or on a request."""
     import traceback
 
     steps = SEQUENCE or [SAMPLING]
     batch = 1 if SEQUENCE else (args.batch or CRASH_BATCH)
-    mixed = [(PROMPT, SAMPLING)] + [(p["prompt"], p["params"]) for p in BATCH_PATTERNS or []]
+    mixed = [(list(p["prompt"]), p["params"]) for p in BATCH_PATTERNS or []]  # the crashing batch's patterns
+    if (list(PROMPT), SAMPLING) not in mixed:
+        mixed.insert(0, (list(PROMPT), SAMPLING))
     try:
         generate = start_engine(ckpt, args)
         for i, sampling in enumerate(steps):
