@@ -833,13 +833,14 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
 def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_dir, attempts, dry_run) -> None:
     """Shrink a stored entry on its engine (greedy: smaller vocabulary, prompt, output,
     K, tree and sampling settings while it still reproduces) and store the result in the
-    entry's folder: a crash stored unshrunk is replaced (its old case kept in the entry)."""
-    from specfuzz.case import Case
+    entry's folder: a crash stored unshrunk is replaced (its old case kept in the entry).
+    A crash that records the request patterns of its crashing batch is shrunk with them
+    mixed in each engine call, as it was found: patterns are dropped while it still crashes."""
     from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
     from specfuzz.cli_input import writable_dir_problem
     from specfuzz.fuzz.corpus import Corpus, atomic_write_json
-    from specfuzz.fuzz.run import crash_entry, finding_entry
-    from specfuzz.fuzz.shrink import entry_reproducer, shrink
+    from specfuzz.fuzz.run import crash_entry, entry_replay_calls, finding_entry
+    from specfuzz.fuzz.shrink import entry_family, entry_reproducer, shrink_family
     from specfuzz.fuzz.triage import entry_dtype, entry_settings
 
     entry = read_entry_file(entry_path, "ENTRY")
@@ -853,15 +854,17 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     spec, kw = (engine, _engine_kwargs(engine, inject)) if engine else engine_for_entry(entry)
     budget_s = float(budget)
     dtype, settings = entry_dtype(entry), entry_settings(entry) or None
-    case = Case.from_json(entry.case)
+    # A crash's whole crashing batch (extra.batch_patterns), mixed as found; otherwise the case alone.
+    family = entry_family(entry)
     _require_engine(spec)  # a missing engine package: exit 3, not a stored "crash"
     eng = IsolatedEngine(spec, kw, log_dir=work_dir / "logs")
     prev_term = None
     try:
         repro = entry_reproducer(entry, eng, work_dir=work_dir, samples=samples, alpha=alpha, seed=seed,
                                  dtype=dtype, settings=settings, attempts=attempts)
-        console.print(f"checking that {entry_path.name} reproduces on {spec} ...")
-        first = repro(case)
+        mixed = f" ({len(family)} request patterns mixed in each call, as found)" if len(family) > 1 else ""
+        console.print(f"checking that {entry_path.name} reproduces on {spec}{mixed} ...")
+        first = repro(family)
         try:
             eng.version()  # cached now, while an engine runs: the stored entry's GPU/driver details
         except EngineCrash:
@@ -876,8 +879,8 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
             console.print(f"[yellow]{entry_path.name} does not reproduce on {spec} in {attempts} attempt(s): "
                           f"nothing to shrink (a crash that comes and goes: try --attempts 5)[/yellow]")
             sys.exit(1)
-        res = shrink(case, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"),
-                     speculation=entry.kind != "calibration")
+        res = shrink_family(family, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"),
+                            speculation=entry.kind != "calibration")
         if res.last_run is None:
             res.last_run = first
         console.print(f"{res.kept} reductions kept of {res.tried} tried in {res.seconds:.0f} s"
@@ -886,12 +889,17 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
         c = res.case
         console.print(f"shrunk case: V={c.vocab_size}, prompt {list(c.prompt)}, params {c.params.to_json()}, "
                       f"spec {None if c.spec is None else c.spec.to_json()}")
+        for i, other in enumerate(res.family[1:], start=2):
+            console.print(f"  batch pattern {i} of {len(res.family)}: prompt {list(other.prompt)}, params {other.params.to_json()}")
         if dry_run or not res.kept:
             return
         run = res.last_run
         if entry.kind == "crash":
             crash = run if isinstance(run, EngineCrash) else run.crash
-            new = crash_entry(eng, c, crash, spec, dtype=dtype, settings=settings, launch=getattr(run, "launch", None))
+            # The patterns left (batch_patterns when more than one) and the calls they crashed in.
+            calls = entry_replay_calls(entry)
+            new = crash_entry(eng, c, crash, spec, dtype=dtype, settings=settings, launch=getattr(run, "launch", None),
+                              family=res.family, batch=calls["batch"], call_prompt_tokens=calls["call_prompt_tokens"])
         else:
             new = finding_entry(dict(eng.version()), run, None)
             new.kind = entry.kind if entry.kind == "calibration" else new.kind

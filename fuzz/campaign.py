@@ -848,31 +848,33 @@ class Campaign:
                 return res.last_run, small, j2, res
         return run, conf, j, res
 
-    def _greedy_shrink_crash(self, case: Case, crash: EngineCrash, speculation: bool) -> tuple[Case, EngineCrash]:
-        """A crashing pattern Hypothesis shrank, through the greedy shrinker for the rest of
-        the shrinking cap (at least 20 s), every candidate on a fresh engine process. On a
-        slow-starting engine Hypothesis's half of the cap holds only a few fresh starts; the
-        greedy shrinker tries the largest reductions first (a vocabulary token, the prompt,
-        max_tokens halved, each knob). Returns the smallest case that crashed the same way."""
-        from specfuzz.fuzz.shrink import entry_reproducer, shrink
+    def _greedy_shrink_crash(self, family: list[Case], crash: EngineCrash, speculation: bool) -> tuple[list[Case], EngineCrash]:
+        """A crashing family Hypothesis shrank (its request patterns mixed in each engine call,
+        as it crashed; one pattern when one crashes alone), through the greedy shrinker for the
+        rest of the shrinking cap (at least 20 s), every candidate on a fresh engine process. On
+        a slow-starting engine Hypothesis's half of the cap holds only a few fresh starts; the
+        greedy shrinker tries the largest reductions first (a pattern of the family, a vocabulary
+        token, the prompt, max_tokens halved, each knob). Returns the smallest family that
+        crashed the same way and its crash."""
+        from specfuzz.fuzz.shrink import entry_reproducer, shrink_family
 
         spent = time.monotonic() - self._shrink_started if self._shrink_started else 0.0
         budget = max(20.0, self._shrink_cap_s() - spent)
         self._extend_watchdog(budget + 120.0)
         call_requests, split = self._last_call
-        entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
-                            settings=dict(self.cfg.engine_settings), family=[case],
+        entry = crash_entry(self.engine, family[0], crash, self.cfg.engine, dtype=self.cfg.dtype,
+                            settings=dict(self.cfg.engine_settings), family=family,
                             batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
         repro = entry_reproducer(entry, self.engine, work_dir=Path(self.cfg.work_dir), samples=self.cfg.max_samples,
                                  alpha=self.cfg.screen_alpha, seed=self.search_index * 7919 + 29,
                                  dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None)
-        res = shrink(case, repro, budget_s=budget, speculation=speculation)
+        res = shrink_family(family, repro, budget_s=budget, speculation=speculation)
         got = res.last_run
         got = got.crash if isinstance(got, CaseRun) else got
         if not res.kept or not isinstance(got, EngineCrash):
-            return case, crash
+            return family, crash
         self.on_event(f"greedy crash shrink: {'; '.join(res.steps)}", self.stats)
-        return res.case, got
+        return list(res.family), got
 
     def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple:
         """What a search found and Hypothesis shrank, through :meth:`_greedy_shrink` for the
@@ -1038,10 +1040,12 @@ class Campaign:
             fam, crash = crash_best[-1]
             one = self._crashing_pattern(fam, crash, next_seed(), speculation) if len(fam) > 1 else (fam[0], crash)
             if one is not None:
-                case, crash = self._greedy_shrink_crash(one[0], one[1], speculation) if speculation else one
-                self._record_crash(case, crash, [case], shrunk=True)
-            else:
-                self._record_crash(fam[0], crash, fam, shrunk=True)
+                fam, crash = [one[0]], one[1]
+            if speculation:
+                # The pattern that crashes alone, else the whole family (only the mix crashes),
+                # mixed in each call as it crashed.
+                fam, crash = self._greedy_shrink_crash(fam, crash, speculation)
+            self._record_crash(fam[0], crash, fam, shrunk=True)
         if confirmed and confirmed[-1][2] is None:
             # The smallest failure Hypothesis kept, confirmed on a freshly started engine at the
             # next α_j like any candidate; if it does not confirm, the smallest confirmed one is kept.

@@ -11,6 +11,13 @@ every token id remapped), shorten the prompt, fewer output tokens, smaller K / t
 n-gram window, each non-default sampling setting back to its default, no EOS, all-zero
 tables.
 
+A crash entry that records the batch it crashed in (``extra.batch_patterns``: every request
+pattern of that engine call) is shrunk as a family, its patterns mixed in each engine call as
+they were found (:func:`shrink_family`): first drop one pattern, then the reductions above,
+those of shared things (vocabulary, K / tree / n-gram window, EOS, tables) applied to every
+pattern at once, those of one pattern's request (prompt, max_tokens, sampling settings) to one
+pattern at a time. A family of one pattern is shrunk exactly as a single case.
+
 "Reproduces": for a crash, the same crash (kind and message, numbers aside) on a fresh
 engine process; for a finding or a calibration entry, a failing verdict (attributed to
 the same class, unless the entry's was unknown) within ``samples`` at level ``alpha``.
@@ -21,7 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -90,46 +97,68 @@ def drop_token(case: Case, v: int) -> Case | None:
                             spec=case.spec, draft_table=draft, draft_d2t=d2t))
 
 
-def candidates(case: Case, speculation: bool = True) -> list[Case]:
-    """Smaller variants of ``case``, largest reductions first (invalid ones left out).
-    ``speculation=False`` (a calibration entry, run with speculation off): no candidates
-    that only change the speculation settings or the draft, which such a run ignores."""
-    out: list[Case | None] = []
-    for v in reversed(range(case.vocab_size)):
-        out.append(drop_token(case, v))
+def _vocab_drops(case: Case) -> list[Case | None]:
+    return [drop_token(case, v) for v in reversed(range(case.vocab_size))]
+
+
+def _prompt_cuts(case: Case) -> list[Case | None]:
     pr = case.prompt
-    if len(pr) > 1:
-        for short in (pr[-1:], pr[len(pr) // 2:], pr[1:]):
-            out.append(_ok(lambda s=short: case.with_(prompt=tuple(s))))
+    if len(pr) <= 1:
+        return []
+    return [_ok(lambda s=short: case.with_(prompt=tuple(s))) for short in (pr[-1:], pr[len(pr) // 2:], pr[1:])]
+
+
+def _output_cuts(case: Case) -> list[Case | None]:
     p = case.params
-    for mt in sorted({1, p.max_tokens // 2, p.max_tokens - 1}):
-        if 1 <= mt < p.max_tokens:
-            out.append(_ok(lambda mt=mt: case.with_(params=replace(p, max_tokens=mt))))
+    return [_ok(lambda mt=mt: case.with_(params=replace(p, max_tokens=mt)))
+            for mt in sorted({1, p.max_tokens // 2, p.max_tokens - 1}) if 1 <= mt < p.max_tokens]
+
+
+def _spec_cuts(case: Case, speculation: bool) -> list[Case | None]:
     s = case.spec if speculation else None
-    if s is not None:
-        for k in sorted({1, s.num_speculative_tokens - 1}):
-            if 1 <= k < s.num_speculative_tokens:
-                out.append(_ok(lambda k=k: case.with_(spec=replace(s, num_speculative_tokens=k))))
-        if s.method.endswith("_tree"):
-            for b in sorted({1, s.tree_budget - 1}):
-                if 1 <= b < s.tree_budget:
-                    out.append(_ok(lambda b=b: case.with_(spec=replace(s, tree_budget=b))))
-            if s.tree_topk > 1:
-                out.append(_ok(lambda: case.with_(spec=replace(s, tree_topk=s.tree_topk - 1))))
-        if s.ngram_max > s.ngram_min:
-            out.append(_ok(lambda: case.with_(spec=replace(s, ngram_max=s.ngram_min))))
-    default = SamplingParams()
-    for name in SamplingParams.__dataclass_fields__:
-        if name == "max_tokens" or getattr(p, name) == getattr(default, name):
-            continue
-        out.append(_ok(lambda name=name: case.with_(params=replace(p, **{name: getattr(default, name)}))))
+    if s is None:
+        return []
+    out: list[Case | None] = []
+    for k in sorted({1, s.num_speculative_tokens - 1}):
+        if 1 <= k < s.num_speculative_tokens:
+            out.append(_ok(lambda k=k: case.with_(spec=replace(s, num_speculative_tokens=k))))
+    if s.method.endswith("_tree"):
+        for b in sorted({1, s.tree_budget - 1}):
+            if 1 <= b < s.tree_budget:
+                out.append(_ok(lambda b=b: case.with_(spec=replace(s, tree_budget=b))))
+        if s.tree_topk > 1:
+            out.append(_ok(lambda: case.with_(spec=replace(s, tree_topk=s.tree_topk - 1))))
+    if s.ngram_max > s.ngram_min:
+        out.append(_ok(lambda: case.with_(spec=replace(s, ngram_max=s.ngram_min))))
+    return out
+
+
+def _param_resets(case: Case) -> list[Case | None]:
+    p, default = case.params, SamplingParams()
+    return [_ok(lambda name=name: case.with_(params=replace(p, **{name: getattr(default, name)})))
+            for name in SamplingParams.__dataclass_fields__
+            if name != "max_tokens" and getattr(p, name) != getattr(default, name)]
+
+
+def _model_cuts(case: Case, speculation: bool) -> list[Case | None]:
+    """No EOS, all-zero target table, all-zero draft table."""
+    out: list[Case | None] = []
     if case.eos_token_id is not None:
         out.append(_ok(lambda: case.with_(eos_token_id=None)))
-    T = np.asarray(case.target_table)
+    T = np.asarray(case.target_table)  # [V, V]
     if np.any(T != 0):
         out.append(_ok(lambda: case.with_(target_table=np.zeros_like(T))))
     if speculation and case.draft_table is not None and np.any(np.asarray(case.draft_table) != 0):
         out.append(_ok(lambda: case.with_(draft_table=np.zeros_like(np.asarray(case.draft_table)))))
+    return out
+
+
+def candidates(case: Case, speculation: bool = True) -> list[Case]:
+    """Smaller variants of ``case``, largest reductions first (invalid ones left out).
+    ``speculation=False`` (a calibration entry, run with speculation off): no candidates
+    that only change the speculation settings or the draft, which such a run ignores."""
+    out = (_vocab_drops(case) + _prompt_cuts(case) + _output_cuts(case) + _spec_cuts(case, speculation)
+           + _param_resets(case) + _model_cuts(case, speculation))
     seen: set[str] = {_key(case)}
     uniq = []
     for c in out:
@@ -139,9 +168,62 @@ def candidates(case: Case, speculation: bool = True) -> list[Case]:
     return uniq
 
 
+# A family: request patterns (prompt and sampling settings) on one model, sharing its tables,
+# EOS, speculation settings and draft, mixed in each engine call.
+Family = tuple[Case, ...]
+
+
+def _shared(family: Family, first: Case | None) -> Family | None:
+    """``family`` with the shared things (tables, EOS, speculation, draft) of ``first``, a
+    reduction of its first pattern; None when any pattern is invalid with them."""
+    if first is None:
+        return None
+    out = [first]
+    for c in family[1:]:
+        c2 = _ok(lambda c=c: c.with_(target_table=first.target_table, eos_token_id=first.eos_token_id, spec=first.spec,
+                                     draft_table=first.draft_table, draft_d2t=first.draft_d2t))
+        if c2 is None:
+            return None
+        out.append(c2)
+    return tuple(out)
+
+
+def _one_pattern(family: Family, i: int, case: Case | None) -> Family | None:
+    return None if case is None else family[:i] + (case,) + family[i + 1:]
+
+
+def family_candidates(family: Sequence[Case], speculation: bool = True) -> list[Family]:
+    """Smaller variants of a family of request patterns, largest reductions first: one
+    pattern dropped (the last first), then :func:`candidates`' reductions, those of shared
+    things applied to every pattern at once (a vocabulary token only when no pattern
+    references it, every pattern's ids remapped; K, tree, n-gram window; EOS; tables),
+    those of one request (prompt, max_tokens, a sampling setting back to its default) to one
+    pattern at a time. A family of one: exactly :func:`candidates`."""
+    fam = tuple(family)
+    if len(fam) == 1:
+        return [(c,) for c in candidates(fam[0], speculation)]
+    n, first = len(fam), fam[0]
+    out: list[Family | None] = [fam[:i] + fam[i + 1:] for i in reversed(range(n))]
+    for v in reversed(range(first.vocab_size)):
+        each = [drop_token(c, v) for c in fam]
+        out.append(None if any(c is None for c in each) else tuple(each))
+    for cuts in (_prompt_cuts, _output_cuts):
+        out += [_one_pattern(fam, i, c) for i in range(n) for c in cuts(fam[i])]
+    out += [_shared(fam, c) for c in _spec_cuts(first, speculation)]
+    out += [_one_pattern(fam, i, c) for i in range(n) for c in _param_resets(fam[i])]
+    out += [_shared(fam, c) for c in _model_cuts(first, speculation)]
+    seen: set[str] = {family_key(list(fam))}
+    uniq = []
+    for f in out:
+        if f is not None and (k := family_key(list(f))) not in seen:
+            seen.add(k)
+            uniq.append(f)
+    return uniq
+
+
 @dataclass
 class ShrinkResult:
-    case: Case
+    case: Case  # the first pattern of ``family``
     steps: list[str] = field(default_factory=list)  # what each accepted reduction was
     tried: int = 0
     kept: int = 0
@@ -149,6 +231,7 @@ class ShrinkResult:
     last_run: object = None  # the CaseRun (or EngineCrash) of the final case
     budget_exhausted: bool = False
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: what was kept so far is the result
+    family: Family = ()  # every request pattern left (:func:`shrink_family`); (case,) for one case
 
 
 def _describe(old: Case, new: Case) -> str:
@@ -167,6 +250,22 @@ def _describe(old: Case, new: Case) -> str:
     return "tables zeroed"
 
 
+def _describe_family(old: Family, new: Family) -> str:
+    """A step of :func:`shrink_family` in words: "dropped batch pattern 2 of 3", "V 5 -> 4",
+    "pattern 2: top_k 3 -> -1"; a family of one as :func:`_describe`."""
+    if len(old) == 1 and len(new) == 1:
+        return _describe(old[0], new[0])
+    if len(new) < len(old):
+        i = next((i for i in range(len(new)) if _key(new[i]) != _key(old[i])), len(new))
+        return f"dropped batch pattern {i + 1} of {len(old)}"
+    if new[0].vocab_size < old[0].vocab_size:
+        return _describe(old[0], new[0])
+    for i, (a, b) in enumerate(zip(old, new)):
+        if (a.prompt, a.params) != (b.prompt, b.params):
+            return f"pattern {i + 1}: {_describe(a, b)}"
+    return _describe(old[0], new[0])
+
+
 def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s: float,
            log: Callable[[str], None] = lambda s: None, speculation: bool = True) -> ShrinkResult:
     """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
@@ -174,9 +273,19 @@ def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s:
     on KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI): a kill must not throw away
     the reductions already confirmed, so they are the result, marked not minimal.
     ``speculation``: whether the runs speculate (see :func:`candidates`)."""
+    return shrink_family((case,), lambda f: reproduces(f[0]), budget_s=budget_s, log=log, speculation=speculation)
+
+
+def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object | None], *, budget_s: float,
+                  log: Callable[[str], None] = lambda s: None, speculation: bool = True) -> ShrinkResult:
+    """:func:`shrink` for a family of request patterns that crash (or fail) mixed in one
+    engine call: ``reproduces(f)`` runs every pattern of ``f`` mixed. Candidates from
+    :func:`family_candidates`; the result's ``family`` holds the patterns left, ``case`` the
+    first of them."""
     t0 = time.monotonic()
-    res = ShrinkResult(case)
-    tried: set[str] = {_key(case)}
+    fam = tuple(family)
+    res = ShrinkResult(fam[0], family=fam)
+    tried: set[str] = {family_key(list(fam))}
     try:
         _greedy(res, reproduces, tried, t0, budget_s, log, speculation)
     except KeyboardInterrupt:
@@ -190,11 +299,11 @@ def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s:
     improved = True
     while improved:
         improved = False
-        for cand in candidates(res.case, speculation):
+        for cand in family_candidates(res.family, speculation):
             if time.monotonic() - t0 > budget_s:
                 res.budget_exhausted = True
                 return
-            k = _key(cand)
+            k = family_key(list(cand))
             if k in tried:
                 continue
             tried.add(k)
@@ -204,22 +313,37 @@ def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s:
             except (AmbiguousSemantics, InvalidInput):
                 run = None
             if run:
-                step = _describe(res.case, cand)
-                # The case first: an interrupt landing inside this statement can at worst
+                step = _describe_family(res.family, cand)
+                # The family first: an interrupt landing inside this statement can at worst
                 # leave the last step out of the record, never pair old steps with a new case.
-                res.case, res.last_run, res.steps, res.kept = cand, run, res.steps + [step], res.kept + 1
+                res.family, res.case, res.last_run, res.steps, res.kept = cand, cand[0], run, res.steps + [step], res.kept + 1
                 log(f"kept ({res.kept}/{res.tried}): {step}")
                 improved = True
                 break
 
 
+def entry_family(entry) -> Family:
+    """The request patterns a stored entry is shrunk (and replayed) with: for a crash entry
+    that records its crashing batch (``extra.batch_patterns``), every pattern of it on the
+    entry's model, the entry's own case first; otherwise the entry's case alone."""
+    case = Case.from_json(entry.case)
+    patterns = entry.extra.get("batch_patterns") if entry.kind == "crash" else None
+    fam = [case.with_(prompt=tuple(p["prompt"]), params=SamplingParams.from_json(p["params"])) for p in patterns or []]
+    main = next((i for i, c in enumerate(fam) if c.prompt == case.prompt and c.params == case.params), None)
+    fam.insert(0, case if main is None else fam.pop(main))
+    return tuple(fam)
+
+
 def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: float, seed: int,
-                     dtype: str, settings: dict | None, attempts: int = 1) -> Callable[[Case], object | None]:
-    """The ``reproduces`` predicate for a stored entry on a started-on-demand IsolatedEngine.
+                     dtype: str, settings: dict | None, attempts: int = 1) -> Callable[[Case | Family], object | None]:
+    """The ``reproduces`` predicate for a stored entry on a started-on-demand IsolatedEngine:
+    it takes a case, or a family of request patterns run mixed in each engine call (a crash's
+    batch, :func:`shrink_family`), and returns the run of its first pattern (or the
+    EngineCrash) when the entry's problem shows, else None.
     ``attempts``: runs per candidate (fresh seeds) before it counts as not reproducing, for
     crashes that do not happen every time (uninitialised memory, races)."""
     from specfuzz.engines.isolation import EngineCrash
-    from specfuzz.fuzz.run import entry_replay_calls, run_case
+    from specfuzz.fuzz.run import entry_replay_calls, run_family
 
     profile = engine.capabilities().profile
     # Candidates run as the entry was run: its split of generate calls, a crash's batch.
@@ -228,7 +352,7 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     label = entry.label
     counter = [seed]
 
-    def reproduces(c: Case):
+    def reproduces(c: Case | Family):
         for i in range(max(1, int(attempts))):
             # A crash candidate starts on a fresh engine process; its further attempts run
             # on that same process (crashes that come and go with the process's history).
@@ -237,15 +361,17 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
                 return got
         return None
 
-    def once(c: Case, fresh: bool = False):
+    def once(c: Case | Family, fresh: bool = False):
         # A finding's candidate may run on a swapped engine; one that reproduces there is run
         # again on a fresh one before it counts (a swap never decides what is kept).
         counter[0] += 1
         swaps = getattr(engine, "swaps", 0)
+        cases = [c] if isinstance(c, Case) else list(c)
         try:
-            run = run_case(engine, c, ckpt_root=work_dir / "checkpoints", alpha=alpha, max_samples=samples,
-                           seed=counter[0], profile=profile, speculation=entry.kind != "calibration",
-                           dtype=dtype, settings=settings, fresh=fresh, **calls)
+            run = run_family(engine, cases, ckpt_root=work_dir / "checkpoints", alphas=[alpha] * len(cases),
+                             max_samples=samples, seed=counter[0], profile=profile,
+                             speculation=entry.kind != "calibration", dtype=dtype, settings=settings,
+                             fresh=fresh, **calls)[0]
         except EngineCrash as exc:
             return exc if want_crash is not None and crash_key(exc) == want_crash else None
         except SpecfuzzError:

