@@ -765,7 +765,7 @@ class Campaign:
 
     def _shape(self, index: int) -> StartShape:
         """The start shape of the ``index``-th search (1-based): the method turns with the
-        index; each method's first search and every DEFAULT_EVERY-th search after run it at
+        index (worker ``w`` of a ``--workers`` campaign starts at the w-th method); each method's first search and every DEFAULT_EVERY-th search after run it at
         the engine's defaults (where the engine states them); V, EOS, K and the knobs are
         drawn (the first search of a method draws its simplest shape)."""
         caps = self.engine.capabilities()
@@ -791,7 +791,9 @@ class Campaign:
                       min_vocab=dict(getattr(caps, "min_vocab", {}) or {}))
         if not methods:
             return draw_example(start_shapes(speculation=False, **common), seed, simplest=i == 0)
-        method = methods[i % n]
+        # Workers turn the methods from different starting points, so that parallel workers
+        # start (and search at its defaults) a different method each rather than all the same one.
+        method = methods[(i + self.cfg.worker) % n]
         defaults = dict(getattr(caps, "spec_defaults", {}) or {})
         default = method in defaults and (i < n or (i // n) % DEFAULT_EVERY == 0)
         strategy = start_shapes(

@@ -295,6 +295,29 @@ def test_every_method_runs_first_at_the_engine_defaults_then_regularly(tmp_path)
     assert not any(s.spec.engine_default for s in shapes if s.spec.method == "draft_model")  # no stated default
 
 
+def test_workers_start_the_method_rotation_at_different_methods(tmp_path):
+    """Worker w of a --workers campaign starts at the w-th method (its first search of every
+    method still at the engine defaults), so parallel workers do not all start, and search
+    at its defaults, the same method at once."""
+    from dataclasses import replace
+
+    methods = ("draft_model", "ngram", "eagle_tree")
+    firsts = []
+    for w in range(3):
+        camp = Campaign(CampaignConfig(engine="reference", budget_s=5, corpus_dir=tmp_path / "c", methods=methods,
+                                       work_dir=tmp_path / f"wd{w}", worker=w))
+        caps = replace(camp.engine.capabilities(), spec_defaults={"ngram": {"ngram_min": 3, "ngram_max": 3}})
+        camp.engine.capabilities = lambda caps=caps: caps
+        try:
+            shapes = [camp._shape(i) for i in range(1, 4)]
+        finally:
+            camp.engine.close()
+        assert sorted(s.spec.method for s in shapes) == sorted(methods)  # every method in the first round
+        assert all(s.spec.engine_default for s in shapes if s.spec.method == "ngram")
+        firsts.append(shapes[0].spec.method)
+    assert len(set(firsts)) == 3
+
+
 def test_short_and_long_prompts_both_appear_within_a_shape():
     from specfuzz.strategies import StartShape, shape_cases
 
