@@ -284,3 +284,21 @@ def test_campaign_totals_add_up_the_workers_of_one_campaign(tmp_path):
     assert run["methods"]["ngram"]["variants"] == {"K=2": 6, "engine default": 9}
     with pytest.raises(SystemExit):
         ct.main(["--label", "x", "--out", str(out)])  # neither --state nor --corpus
+
+
+def test_a_familys_context_length_holds_its_longest_pattern(tmp_path):
+    """run_family sizes the engine's max_model_len from every pattern of the family, not the
+    first alone: a crash family shrunk to a short first pattern keeps a long companion."""
+    from specfuzz.fuzz.run import max_model_len, run_family
+
+    T = np.log(np.full((3, 3), 1 / 3))
+    short = Case(T, (0,), SamplingParams(max_tokens=1))
+    long = Case(T, tuple([1] * 70), SamplingParams(max_tokens=2))
+    assert engine_config(short, tmp_path / "ck").max_model_len == 64
+    eng = IsolatedEngine("reference")
+    try:
+        runs = run_family(eng, [short, long], ckpt_root=tmp_path / "ck", alphas=[1e-3, 1e-3], max_samples=50, batch=100, seed=1)
+        assert eng._config.max_model_len == max_model_len(72) == 128
+        assert [r.n for r in runs] == [50, 50]
+    finally:
+        eng.close()
