@@ -354,8 +354,8 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
     from specfuzz.engines.base import Request
     from specfuzz.engines.isolation import EngineCrash
     from specfuzz.fuzz.run import engine_config, entry_call_prompt_tokens, entry_crash_batch, split_calls
+    from specfuzz.fuzz.shrink import entry_family
     from specfuzz.fuzz.triage import entry_dtype, entry_settings
-    from specfuzz.oracle.params import SamplingParams
 
     spec, kw = rr.engine_spec(entry)
     eng = rr._engine(spec, kw)
@@ -364,11 +364,12 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
         case = Case.from_json(entry.case)
         if entry.extra.get("sequence"):
             return rr._run_sequence(eng, entry, case, seed), ""
-        patterns = [(tuple(case.prompt), case.params)]
-        for p in entry.extra.get("batch_patterns") or []:
-            patterns.append((tuple(p["prompt"]), SamplingParams.from_json(p["params"])))
+        # Every pattern of the crashing batch once, the entry's case first (an entry stored by a
+        # campaign lists the case among its batch_patterns too; a shrunk one lists the others).
+        patterns = [(tuple(c.prompt), c.params) for c in entry_family(entry)]
         eng.start(engine_config(case, rr.work_dir / "checkpoints", dtype=entry_dtype(entry),
-                                settings=entry_settings(entry) or None))
+                                settings=entry_settings(entry) or None,
+                                tokens=max(len(pr) + params.max_tokens for pr, params in patterns)))
         batch = entry_crash_batch(entry)  # the batch it crashed in: some crashes need all of it
         split = entry_call_prompt_tokens(entry)  # as the campaign's calls were cut
         while sent < requests:

@@ -255,6 +255,10 @@ def test_bisect_of_a_crash_entry_needs_the_same_crash_and_names_the_release_that
     data.update(kind="crash", counts=[], verdict=None, attribution=None,
                 evidence="engine exception: generate raised RuntimeError: index 195092853 is out of bounds for dimension 1 with size 3")
     data["case"]["params"]["top_k"] = 2
+    # The crashing batch as a campaign stores it: the case among its patterns (sent once each).
+    other = dict(data["case"]["params"], top_k=-1)
+    data.setdefault("extra", {})["batch_patterns"] = [{"prompt": data["case"]["prompt"], "params": data["case"]["params"]},
+                                                      {"prompt": data["case"]["prompt"], "params": other}]
     entry.write_text(json.dumps(data))
     proc = _run("bisect", str(entry), "--engine-package", TOY, "--find-links", str(wheels), "--env-dir", str(envs),
                 "--samples", "200", "--attempts", "1", "--work-dir", str(tmp_path / "work"), "--deps", "latest",
