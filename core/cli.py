@@ -176,7 +176,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
-        dtype=dtype, work_dir=work_dir, worker=worker_index, engine_settings=parse_settings(engine_settings), batch=batch,
+        dtype=dtype, work_dir=work_dir, worker=worker_index, workers=workers, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns, swap=not no_swap, reset_state=reset_state, spare_engines=spare_engines, prestart=prestart,
     )
     refusals: list[str] = []
@@ -212,7 +212,8 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
                    "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha),
                    "--screen-alpha", str(screen_alpha),
                    "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens),
-                   "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w)]
+                   "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w),
+                   "--workers", str(workers)]
             cmd += ["--inject", inject] if inject else []
             cmd += ["--reset-state"] if reset_state else []
             for m in methods:

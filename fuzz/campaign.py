@@ -292,6 +292,7 @@ class CampaignConfig:
     dtype: str = "float32"
     work_dir: Path = Path(".specfuzz-cache")
     worker: int = 0  # index among parallel workers sharing the corpus (each keeps its own state)
+    workers: int = 1  # how many there are (their method rotations start spread over the methods)
     engine_settings: dict = field(default_factory=dict)  # EngineConfig.settings: backend knobs
     swap: bool = True  # load new tables into a running engine where it can (False: a start per table model)
     # A warmed-up spare process for each engine that restarts in a new process (None: with
@@ -629,7 +630,7 @@ class Campaign:
         generate, the rest), so that a slow engine's slow features can be told apart."""
         spec = cases[0].spec if speculation else None
         rec = {
-            "time": round(time.time(), 3), "search": self.search_index, "role": "fresh" if fresh else (
+            "time": round(time.time(), 3), "worker": self.cfg.worker, "search": self.search_index, "role": "fresh" if fresh else (
                 "calibration" if eng is self._spec_off_engine else "search"),
             "method": None if spec is None else spec.method, "engine_default": bool(spec is not None and spec.engine_default),
             "V": cases[0].vocab_size, "patterns": len(cases), "samples": sum(r.n for r in runs),
@@ -765,7 +766,7 @@ class Campaign:
 
     def _shape(self, index: int) -> StartShape:
         """The start shape of the ``index``-th search (1-based): the method turns with the
-        index (worker ``w`` of a ``--workers`` campaign starts at the w-th method); each method's first search and every DEFAULT_EVERY-th search after run it at
+        index (worker ``w`` of ``N`` in a ``--workers`` campaign starts at method w*n/N of n); each method's first search and every DEFAULT_EVERY-th search after run it at
         the engine's defaults (where the engine states them); V, EOS, K and the knobs are
         drawn (the first search of a method draws its simplest shape)."""
         caps = self.engine.capabilities()
@@ -791,9 +792,11 @@ class Campaign:
                       min_vocab=dict(getattr(caps, "min_vocab", {}) or {}))
         if not methods:
             return draw_example(start_shapes(speculation=False, **common), seed, simplest=i == 0)
-        # Workers turn the methods from different starting points, so that parallel workers
-        # start (and search at its defaults) a different method each rather than all the same one.
-        method = methods[(i + self.cfg.worker) % n]
+        # Workers turn the methods from starting points spread evenly over them (worker w of N
+        # at method w*n/N), so that parallel workers start, and search at its defaults, different
+        # methods rather than all the same one, and a short campaign reaches all of them.
+        offset = (self.cfg.worker * n) // max(1, self.cfg.workers, self.cfg.worker + 1)
+        method = methods[(i + offset) % n]
         defaults = dict(getattr(caps, "spec_defaults", {}) or {})
         default = method in defaults and (i < n or (i // n) % DEFAULT_EVERY == 0)
         strategy = start_shapes(

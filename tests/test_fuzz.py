@@ -153,3 +153,21 @@ def test_a_campaign_without_ray_keeps_the_states_history_of_ray_runs(tmp_path):
     _campaign(tmp_path, 2, seed=7)
     d2 = json.loads(state_path.read_text())
     assert d2["ray"] == history and d2["totals"]["runs"] == 2
+
+
+@pytest.mark.slow
+def test_workers_share_the_corpus_and_start_at_different_methods(tmp_path):
+    """`--workers 2`: the helper worker runs (its own state file, its own work dir), both log
+    their families, and the two start at different speculation methods."""
+    corpus = tmp_path / "corpus"
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--engine", "reference", "--workers", "2", "--budget", "20s",
+           "--method", "draft_model", "--method", "ngram", "--corpus", str(corpus), "--work-dir", str(tmp_path / "work"),
+           "--quiet", "--seed", "3", "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (corpus / ".specfuzz" / "state.json").is_file() and (corpus / ".specfuzz" / "state-w1.json").is_file()
+    fams = [json.loads(line) for line in (corpus / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    first = {w: next(f["method"] for f in fams if f["worker"] == w and f["role"] == "search") for w in (0, 1)}
+    assert first[0] != first[1] and set(first.values()) == {"draft_model", "ngram"}
+    assert "2 workers" in p.stdout

@@ -296,26 +296,26 @@ def test_every_method_runs_first_at_the_engine_defaults_then_regularly(tmp_path)
 
 
 def test_workers_start_the_method_rotation_at_different_methods(tmp_path):
-    """Worker w of a --workers campaign starts at the w-th method (its first search of every
+    """Worker w of N in a --workers campaign starts at method w*n/N (its first search of every
     method still at the engine defaults), so parallel workers do not all start, and search
-    at its defaults, the same method at once."""
+    at its defaults, the same method at once, and a short campaign reaches every method."""
     from dataclasses import replace
 
-    methods = ("draft_model", "ngram", "eagle_tree")
+    methods = ("draft_model", "ngram", "eagle_tree", "ngram_tree")
     firsts = []
-    for w in range(3):
+    for w in range(2):
         camp = Campaign(CampaignConfig(engine="reference", budget_s=5, corpus_dir=tmp_path / "c", methods=methods,
-                                       work_dir=tmp_path / f"wd{w}", worker=w))
+                                       work_dir=tmp_path / f"wd{w}", worker=w, workers=2))
         caps = replace(camp.engine.capabilities(), spec_defaults={"ngram": {"ngram_min": 3, "ngram_max": 3}})
         camp.engine.capabilities = lambda caps=caps: caps
         try:
-            shapes = [camp._shape(i) for i in range(1, 4)]
+            shapes = [camp._shape(i) for i in range(1, 5)]
         finally:
             camp.engine.close()
         assert sorted(s.spec.method for s in shapes) == sorted(methods)  # every method in the first round
         assert all(s.spec.engine_default for s in shapes if s.spec.method == "ngram")
         firsts.append(shapes[0].spec.method)
-    assert len(set(firsts)) == 3
+    assert firsts == ["draft_model", "eagle_tree"]  # spread: the two workers' first halves cover every method
 
 
 def test_short_and_long_prompts_both_appear_within_a_shape():
