@@ -139,6 +139,9 @@ def main(argv=None) -> int:
             ap.error(f"--corpus {a.corpus}: no .specfuzz/state*.json in it")
         old = _states(a.before_corpus) if a.before_corpus else {}
         runs = [summarize(st, old.get(name), a.label if len(now) == 1 else f"{a.label} [{name}]") for name, st in now.items()]
+        if old:
+            # A worker's state left from an earlier run with more workers did not run this time.
+            runs = [r for r in runs if r["wall_s"] > 0] or runs[:1]
         run = runs[0] if len(runs) == 1 else add_workers(runs, a.label)
         if len(runs) > 1:
             run["per_worker"] = runs

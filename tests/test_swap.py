@@ -276,6 +276,8 @@ def test_campaign_totals_add_up_the_workers_of_one_campaign(tmp_path):
     (old / "state.json").write_text(json.dumps(state(4, 30.0, 30.0, {"K=2": 4})))
     (new / "state.json").write_text(json.dumps(state(10, 60.0, 60.0, {"K=2": 10})))  # this run: 6 families in 60 s
     (new / "state-w1.json").write_text(json.dumps(state(9, 20.0, 40.0, {"engine default": 9})))  # fresh: 9 in 60 s
+    for d in (old, new):  # left by an earlier run of three workers: did not run this time
+        (d / "state-w2.json").write_text(json.dumps(state(5, 10.0, 10.0, {"K=2": 5})))
     out = tmp_path / "r.json"
     assert ct.main(["--corpus", str(tmp_path / "new"), "--before-corpus", str(tmp_path / "old"), "--label", "w2", "--out", str(out)]) == 0
     run = json.loads(out.read_text())["runs"][-1]
