@@ -877,8 +877,10 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
         except ValueError:  # not the main thread (an embedding caller): leave signals alone
             prev_term = None
         if not first:
+            seen = list(dict.fromkeys(getattr(repro, "misses", [])))  # distinct, in order
             console.print(f"[yellow]{entry_path.name} does not reproduce on {spec} in {attempts} attempt(s): "
-                          f"nothing to shrink (a crash that comes and goes: try --attempts 5)[/yellow]")
+                          f"nothing to shrink (a crash that comes and goes: try --attempts 5)[/yellow]"
+                          + "".join(f"\n  seen instead: {m}" for m in seen[-5:]), highlight=False, soft_wrap=True)
             sys.exit(1)
         res = shrink_family(family, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"),
                             speculation=entry.kind != "calibration")

@@ -351,6 +351,13 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     want_crash = _crash_key_of(entry.extra.get("crash_kind"), entry.evidence) if entry.kind == "crash" else None
     label = entry.label
     counter = [seed]
+    # What the attempts that did not reproduce saw instead (reproduces.misses, newest last):
+    # a crash that comes and goes often crashes another way in the runs it misses.
+    misses: list[str] = []
+
+    def miss(what: str) -> None:
+        misses.append(what)
+        del misses[:-20]
 
     def reproduces(c: Case | Family):
         for i in range(max(1, int(attempts))):
@@ -373,18 +380,29 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
                              speculation=entry.kind != "calibration", dtype=dtype, settings=settings,
                              fresh=fresh, **calls)[0]
         except EngineCrash as exc:
-            return exc if want_crash is not None and crash_key(exc) == want_crash else None
-        except SpecfuzzError:
+            if want_crash is not None and crash_key(exc) == want_crash:
+                return exc
+            miss(f"crashed another way: {exc.kind}: {str(exc)[:160]}")
+            return None
+        except SpecfuzzError as exc:
+            miss(f"could not run: {str(exc)[:160]}")
             return None
         if want_crash is not None:
-            return run if run.crash is not None and crash_key(run.crash) == want_crash else None
+            if run.crash is not None and crash_key(run.crash) == want_crash:
+                return run
+            miss(f"crashed another way: {run.crash.kind}: {str(run.crash)[:160]}" if run.crash is not None
+                 else f"no crash in {run.n} samples")
+            return None
         if run.crash is not None or not run.failed:
+            miss(f"crashed: {run.crash.kind}: {str(run.crash)[:160]}" if run.crash is not None else f"passed ({run.n} samples)")
             return None
         got = run.judgement.attribution.label if run.judgement.attribution else None
         if label not in (None, "unknown") and got != label:
+            miss(f"failed with another attribution: {got}")
             return None
         if not fresh and getattr(engine, "swaps", 0) != swaps:
             return once(c, fresh=True)
         return run
 
+    reproduces.misses = misses  # type: ignore[attr-defined]
     return reproduces

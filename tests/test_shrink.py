@@ -247,6 +247,7 @@ def test_a_crash_that_comes_and_goes_reproduces_with_attempts(tmp_path, monkeypa
             "--samples", "50", "--work-dir", str(tmp_path / "wd"), "--dry-run"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 1 and "does not reproduce" in r.output and "--attempts" in r.output, r.output
+    assert "seen instead: no crash in 50 samples" in r.output, r.output  # what the missed attempt saw
     r = CliRunner().invoke(main, args + ["--attempts", "2"])
     assert r.exit_code == 0 and "reductions kept" in r.output, r.output
 
