@@ -366,10 +366,10 @@ def _crash_once(entry: Entry, rr: ReleaseRerunner, seed: int, requests: int) -> 
             return rr._run_sequence(eng, entry, case, seed), ""
         # Every pattern of the crashing batch once, the entry's case first (an entry stored by a
         # campaign lists the case among its batch_patterns too; a shrunk one lists the others).
-        patterns = [(tuple(c.prompt), c.params) for c in entry_family(entry)]
+        family = entry_family(entry)
+        patterns = [(tuple(c.prompt), c.params) for c in family]
         eng.start(engine_config(case, rr.work_dir / "checkpoints", dtype=entry_dtype(entry),
-                                settings=entry_settings(entry) or None,
-                                tokens=max(len(pr) + params.max_tokens for pr, params in patterns)))
+                                settings=entry_settings(entry) or None, family=family))
         batch = entry_crash_batch(entry)  # the batch it crashed in: some crashes need all of it
         split = entry_call_prompt_tokens(entry)  # as the campaign's calls were cut
         while sent < requests:

@@ -57,10 +57,10 @@ def max_model_len(tokens: int) -> int:
 
 
 def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", speculation: bool = True,
-                  settings: dict | None = None, tokens: int | None = None) -> EngineConfig:
+                  settings: dict | None = None, family: Sequence[Case] = ()) -> EngineConfig:
     """The engine configuration that serves ``case`` (its tables written under ``ckpt_root``);
-    ``tokens``: the longest prompt + max_tokens the engine must hold (a family's longest
-    pattern; default the case's own)."""
+    ``family``: the request patterns sent to it along with ``case``, whose longest prompt +
+    max_tokens the context length must hold too."""
     ck = materialize(case, ckpt_root, dtype)
     spec = case.spec if speculation else None
     st = dict(settings or {})
@@ -70,7 +70,7 @@ def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", specul
         draft_dir=ck.draft_dir if spec is not None else None,
         speculation=spec,
         dtype=dtype,
-        max_model_len=max_model_len(max(len(case.prompt) + case.params.max_tokens, tokens or 0)),
+        max_model_len=max_model_len(max(len(c.prompt) + c.params.max_tokens for c in (case, *family))),
         settings=st,
         draft_vocab_size=int(case.draft_table.shape[1]) if with_draft else None,
         draft_d2t=tuple(case.draft_d2t) if with_draft and case.draft_d2t is not None else None,
@@ -163,8 +163,7 @@ def run_family(
     unseeded = list(unseeded or [False] * len(cases))
     thresholds = [math.log(1 / a) for a in alphas]
     # The context length holds the family's longest pattern, not only the first one's.
-    cfg = engine_config(cases[0], ckpt_root, dtype=dtype, speculation=speculation, settings=settings,
-                        tokens=max(len(c.prompt) + c.params.max_tokens for c in cases))
+    cfg = engine_config(cases[0], ckpt_root, dtype=dtype, speculation=speculation, settings=settings, family=cases)
     per_pattern = max(1, batch // len(cases))
     next_seed = seed
     call_requests = 0

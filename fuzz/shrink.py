@@ -359,6 +359,9 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
         misses.append(what)
         del misses[:-20]
 
+    def said(crash) -> str:
+        return f"{crash.kind}: {str(crash)[:160]}"
+
     def reproduces(c: Case | Family):
         for i in range(max(1, int(attempts))):
             # A crash candidate starts on a fresh engine process; its further attempts run
@@ -382,7 +385,7 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
         except EngineCrash as exc:
             if want_crash is not None and crash_key(exc) == want_crash:
                 return exc
-            miss(f"crashed another way: {exc.kind}: {str(exc)[:160]}")
+            miss(f"crashed another way: {said(exc)}")
             return None
         except SpecfuzzError as exc:
             miss(f"could not run: {str(exc)[:160]}")
@@ -390,11 +393,10 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
         if want_crash is not None:
             if run.crash is not None and crash_key(run.crash) == want_crash:
                 return run
-            miss(f"crashed another way: {run.crash.kind}: {str(run.crash)[:160]}" if run.crash is not None
-                 else f"no crash in {run.n} samples")
+            miss(f"crashed another way: {said(run.crash)}" if run.crash is not None else f"no crash in {run.n} samples")
             return None
         if run.crash is not None or not run.failed:
-            miss(f"crashed: {run.crash.kind}: {str(run.crash)[:160]}" if run.crash is not None else f"passed ({run.n} samples)")
+            miss(f"crashed: {said(run.crash)}" if run.crash is not None else f"passed ({run.n} samples)")
             return None
         got = run.judgement.attribution.label if run.judgement.attribution else None
         if label not in (None, "unknown") and got != label:
