@@ -383,6 +383,9 @@ class Campaign:
         self._acct = {"start": 0.0, "swap": 0.0, "sample": 0.0}  # engine seconds already added to totals
         self._shrinking = False  # a failure or crash is being shrunk, confirmed or stored
         self._shrink_started = 0.0  # when the current search's failure began shrinking (monotonic; 0: not)
+        # The current search's failure fails with speculation off too (a bug of the target's
+        # sampler): it is confirmed and shrunk with speculation off (_search, _found_speculation).
+        self._spec_off_found = False
         self._last_call: tuple[int, int | None] = (0, None)  # the last run's largest call and split (_run)
         self._prestart_due = False  # the next search's engine is to be prestarted (_prestart_next)
         self.shape: StartShape | None = None
@@ -834,6 +837,12 @@ class Campaign:
     def _shrink_cap_s(self) -> float:
         return max(SHRINK_MIN_S, SHRINK_SHARE * self.cfg.budget_s)
 
+    def _found_speculation(self) -> bool:
+        """Whether the failure the last search found is confirmed, shrunk and stored with
+        speculation on (not a speculation-off campaign, and its candidate passed with
+        speculation off: otherwise it is a calibration bug, handled with speculation off)."""
+        return not self.cfg.calibration_only and not self._spec_off_found
+
     def _greedy_shrink(self, run: CaseRun, conf: CaseRun, j: int, speculation: bool, *, budget_s: float, seed: int):
         """A confirmed failure shrunk further by the greedy shrinker (fuzz/shrink.py: smaller
         vocabulary, which a search's start shape fixes, shorter prompt, fewer knobs; its
@@ -843,7 +852,15 @@ class Campaign:
         reduction was kept or the reduced case did not confirm with the same attribution."""
         from specfuzz.fuzz.shrink import entry_reproducer, shrink
 
-        repro = entry_reproducer(self._entry_for(run), self.engine, work_dir=Path(self.cfg.work_dir),
+        entry, eng = self._entry_for(run), self.engine
+        if not speculation and not self.cfg.calibration_only:
+            # A calibration bug met in a speculative campaign: its candidates run with
+            # speculation off, on the speculation-off engine (swapped, not restarted).
+            entry.kind = "calibration"
+            if self._spec_off_engine is None:
+                self._spec_off_engine = self._new_engine()
+            eng = self._spec_off_engine
+        repro = entry_reproducer(entry, eng, work_dir=Path(self.cfg.work_dir),
                                  samples=self.cfg.max_samples, alpha=self.cfg.screen_alpha, seed=seed,
                                  dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None)
         res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation)
@@ -928,6 +945,7 @@ class Campaign:
             return time.monotonic() - (eng.seconds["start"] - starts_before) > slice_end
         simplest = simplest_key(strategy)
         self._shrink_started = 0.0
+        self._spec_off_found = False
 
         def shrinking() -> None:
             if not self._shrink_started:
@@ -1022,9 +1040,22 @@ class Campaign:
                     # (25-60 s on the H200) left Hypothesis one or two candidates per shrink.
                     conf, j = None, 0
                 else:
-                    conf, j = self._confirm(r, speculation)
+                    cand, spec = r, speculation
+                    if speculation:
+                        # Speculation off first, on the running speculation-off engine (its tables
+                        # swapped in and checked): where the target's own sampler fails too, the
+                        # bug is not speculation's, and it is confirmed on a fresh engine with
+                        # speculation off (the entry it makes is a calibration entry: its
+                        # evidence is then a fresh speculation-off run) and shrunk with
+                        # speculation off (no candidates that only change speculation knobs, which
+                        # such a run ignores; candidates swap into the speculation-off engine).
+                        pre = self._calibrate(r.case, seed=next_seed(), alpha=self.cfg.screen_alpha)
+                        if pre.failed:
+                            cand, spec = pre, False
+                    conf, j = self._confirm(cand, spec)
                     if not conf.failed:
                         continue
+                    self._spec_off_found = not spec and speculation
                     label_of_first.append(label)
                     shrinking()
                     self.on_event(f"failure ({label}); shrinking", self.stats)
@@ -1056,7 +1087,7 @@ class Campaign:
             # next α_j like any candidate; if it does not confirm, the smallest confirmed one is kept.
             self._extend_watchdog()
             fam, r, _, _ = confirmed[-1]
-            conf, j = self._confirm(r, speculation)
+            conf, j = self._confirm(r, speculation and not self._spec_off_found)
             confirmed = [c for c in confirmed if c[2] is not None]
             if conf.failed:
                 confirmed.append((fam, r, conf, j))
@@ -1105,8 +1136,11 @@ class Campaign:
             entry.kind = "calibration"
         else:
             calib = self._calibrate(run.case, seed=self.search_index * 7919 + 1, alpha=conf.judgement.verdict.alpha)
-            if calib.failed:
-                entry = finding_entry(version, calib, None)
+            if calib.failed or self._spec_off_found:
+                # Speculation off fails too. (A failure confirmed with speculation off on a fresh
+                # engine is a calibration bug even when this last run passes by chance: then the
+                # confirmation is its evidence.)
+                entry = finding_entry(version, calib if calib.failed else conf, None)
                 entry.kind = "calibration"
             else:
                 entry = finding_entry(version, run, calib)
@@ -1115,7 +1149,8 @@ class Campaign:
         # Where the search met it: a swapped engine (and engine state a swap kept, which
         # changes what gets drafted); the confirmation ran on a freshly started engine.
         last = self.engine.last_swap
-        entry.extra["found_on"] = {"engine_swaps": self.engine.swaps, "confirmed_on": "fresh engine start",
+        entry.extra["found_on"] = {"engine_swaps": self.engine.swaps,
+                                   "confirmed_on": "fresh engine start" + (", speculation off" if self._spec_off_found else ""),
                                    "kept_across_swap": list(getattr(last, "kept", ()) or ()) if last is not None else []}
         entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
         path, new = self.corpus.store(entry)
@@ -1167,7 +1202,7 @@ class Campaign:
                 if found is not None:
                     if armed:  # shrinking, calibrating and storing may overrun the budget a little
                         signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + self._shrink_cap_s() + 120)
-                    found = self._greedy_shrink_found(found, not self.cfg.calibration_only)
+                    found = self._greedy_shrink_found(found, self._found_speculation())
                     _, run, conf, j = found
                     self._store_failure(run, conf, j)
                     if armed:

@@ -215,7 +215,7 @@ class ActorCampaign(Campaign):
         try:
             found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + index, shape_key)
             if found is not None:
-                found = self._greedy_shrink_found(found, not self.cfg.calibration_only)
+                found = self._greedy_shrink_found(found, self._found_speculation())
                 self._store_failure(*found[1:])  # (run, confirmation[, confirmation index])
         except BudgetExhausted:
             pass
@@ -234,6 +234,7 @@ class ActorCampaign(Campaign):
         and stored; a pass is counted like any family."""
         self.deadline = time.monotonic() + left_s
         self.search_index = int(record.get("search") or 0)
+        self._spec_off_found = False  # confirmed as it ran (speculation as recorded)
         cases = [Case.from_json(c) for c in record["cases"]]
         speculation = bool(record.get("speculation", True))
         if self._profile is None:

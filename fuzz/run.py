@@ -233,11 +233,23 @@ def entry_call_prompt_tokens(entry: Entry) -> int | None:
 
 def entry_replay_calls(entry: Entry) -> dict:
     """run_family/run_case keyword arguments that replay an entry's calls as it was found: the
-    split of its seeded calls and, for a crash, the batch it crashed in."""
+    split of its seeded calls and the requests per call: for a crash the batch it crashed in,
+    for a finding the recorded size of its failing run's calls (:func:`entry_run_batch`)."""
     calls: dict = {"call_prompt_tokens": entry_call_prompt_tokens(entry)}
     if entry.kind == "crash":
         calls["batch"] = entry_crash_batch(entry)
+    elif (batch := entry_run_batch(entry)) is not None:
+        calls["batch"] = batch
     return calls
+
+
+def entry_run_batch(entry: Entry) -> int | None:
+    """Requests per engine call of a (non-crash) entry's failing run (``extra.batch_size``), or
+    None for entries stored before it was recorded (their replays keep the callers' default)."""
+    if entry.kind == "crash":
+        return None
+    recorded = entry.extra.get("batch_size")
+    return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else None
 
 
 def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: CaseTest | None = None, **kw) -> CaseRun:
@@ -308,6 +320,10 @@ def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | Non
                "dtype": run.dtype, "engine_default": _engine_default(run.case),
                "acceptance": {"proposed": run.proposed, "accepted": run.accepted},
                **({"launch": run.launch} if run.launch is not None else {}),
-               **({"call_prompt_tokens": run.call_prompt_tokens} if run.call_prompt_tokens else {})},
+               **({"call_prompt_tokens": run.call_prompt_tokens} if run.call_prompt_tokens else {}),
+               # Requests per engine call of the failing run: replays and repro.py send calls that
+               # large (SGLang's penalties went wrong only in calls of more requests than its
+               # max_running_requests: corpus h200/sglang calibration-1f04b0bc1b814d69).
+               **({"batch_size": run.call_requests} if run.call_requests else {})},
     )
 

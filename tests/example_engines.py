@@ -266,6 +266,28 @@ class TemperatureBugEngine(ReferenceEngine):
         return super().generate(fixed)
 
 
+class LargeCallBugEngine(ReferenceEngine):
+    """The reference engine that ignores the temperature of every request after the first
+    ``running`` of one generate call (as SGLang 0.5.17 got the penalties wrong only in calls
+    of more requests than its max_running_requests: corpus h200/sglang calibration-1f04)."""
+
+    name = "large-call-bug"
+
+    def __init__(self, running: int = 256, **kw) -> None:
+        super().__init__(**kw)
+        self.running = int(running)
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        import dataclasses
+
+        late = [dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=1.0))
+                if i >= self.running and not r.params.greedy else r for i, r in enumerate(requests)]
+        return super().generate(late)
+
+
 class SlowInitEngine(ReferenceEngine):
     """Takes 1.5 s to come up in its process (as vLLM's and SGLang's imports do)."""
 

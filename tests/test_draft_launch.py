@@ -337,3 +337,40 @@ def test_a_crash_repro_says_fail_when_the_engine_kills_the_process_that_started_
                          cwd=out, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 1 and res.stdout.strip().splitlines()[-1] == "FAIL", res.stdout + res.stderr
     assert "killed by signal SIGSEGV" in res.stdout, res.stdout
+
+
+def test_a_finding_met_only_in_large_calls_is_replayed_and_drafted_with_calls_that_large(tmp_path):
+    """An engine that goes wrong only for requests past the 256th of one call (SGLang 0.5.17's
+    penalties past max_running_requests, h200/sglang calibration-1f04): the entry records the
+    failing run's requests per call, and replays and repro.py send calls that large (FAIL);
+    without the record (older entries) repro.py keeps its engine default of 200 (PASS)."""
+    import os
+
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.run import entry_replay_calls, finding_entry, run_case
+
+    base = Case.from_json(json.loads((ROOT / "corpus" / "regression" / "regression-N1.json").read_text())["case"])
+    case = base.with_(target_table=np.array([[3.0, 0.0], [0.0, 1.0]], dtype=np.float32), spec=None, draft_table=None,
+                      params=SamplingParams(temperature=0.25, max_tokens=2))
+    with IsolatedEngine("example_engines:LargeCallBugEngine") as eng:
+        run = run_case(eng, case, ckpt_root=tmp_path / "ckpt", alpha=1e-6, max_samples=600, batch=600, speculation=False)
+        entry = finding_entry(eng.version(), run, None)
+    assert run.failed and run.call_requests == 600, run.judgement.verdict.evidence
+    entry.kind = "calibration"
+    entry.engine["engine_spec"] = "example_engines:LargeCallBugEngine"
+    assert entry.extra["batch_size"] == 600 and entry_replay_calls(entry)["batch"] == 600
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    results = {}
+    for name in ("recorded", "older"):
+        if name == "older":
+            del entry.extra["batch_size"]
+            assert "batch" not in entry_replay_calls(entry)
+        p = tmp_path / f"calibration-{name}.json"
+        p.write_text(json.dumps(entry.to_json()))
+        out = draft_entry(p, tmp_path / name).out_dir
+        assert ("RUN_BATCH = 600" if name == "recorded" else "RUN_BATCH = None") in (out / "repro.py").read_text()
+        results[name] = subprocess.run([sys.executable, "repro.py", "--engine-class", "example_engines:LargeCallBugEngine",
+                                        "--samples", "1200"], cwd=out, capture_output=True, text=True, timeout=300, env=env)
+    recorded, older = results["recorded"], results["older"]
+    assert recorded.returncode == 1 and recorded.stdout.strip().splitlines()[-1] == "FAIL", recorded.stdout + recorded.stderr
+    assert older.returncode == 0 and older.stdout.strip().splitlines()[-1] == "PASS", older.stdout + older.stderr

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from specfuzz.case import Case
 from specfuzz.fuzz.campaign import Campaign, CampaignConfig
@@ -136,3 +137,30 @@ def test_every_family_is_logged_with_its_features_samples_and_seconds(tmp_path):
     out = mod.rates(lines)
     assert out["all"]["samples"] == 900 and out["method"]["off"]["samples"] == 300
     assert out["feature"]["none"]["families"] == 1 and out["feature"]["top_k"]["samples"] == 600
+
+
+@pytest.mark.slow
+def test_a_new_calibration_bug_is_confirmed_and_shrunk_with_speculation_off(tmp_path, monkeypatch):
+    # A candidate that fails with speculation off too is the target sampler's bug: it is
+    # confirmed on fresh speculation-off engines, shrunk with speculation off and stored as a
+    # calibration entry whose evidence is a fresh speculation-off run.
+    spec_of_confirmations: list[bool] = []
+    confirm = Campaign._confirm
+
+    def spy(self, run, speculation, engine=None):
+        spec_of_confirmations.append(speculation)
+        return confirm(self, run, speculation, engine)
+
+    monkeypatch.setattr(Campaign, "_confirm", spy)
+    corpus = tmp_path / "corpus"
+    camp = Campaign(CampaignConfig(engine="example_engines:TemperatureBugEngine", corpus_dir=corpus,
+                                   work_dir=tmp_path / "work", budget_s=25, seed=5, methods=("ngram",)))
+    camp.run()
+    entries = [e for _, e in Corpus(corpus).entries()]
+    assert [e.kind for e in entries] == ["calibration"], [(e.kind, e.label) for e in entries]
+    assert spec_of_confirmations and not any(spec_of_confirmations), spec_of_confirmations
+    assert entries[0].extra["found_on"]["confirmed_on"] == "fresh engine start, speculation off"
+    assert entries[0].case["params"]["temperature"] != 1.0
+    fresh = [json.loads(line) for line in (corpus / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    fresh = [r for r in fresh if r["role"] == "fresh"]
+    assert fresh and all(r["method"] is None for r in fresh), fresh

@@ -138,6 +138,7 @@ def repro_data(data: DraftData, samples: int) -> dict:
         "SEQUENCE": [s.get("request", s) for s in data.entry.extra.get("sequence", [])] if data.is_crash else None,
         "CRASH": data.is_crash,
         "CRASH_BATCH": crash_batch(data),
+        "RUN_BATCH": run_batch(data),
         "BATCH_PATTERNS": (data.entry.extra.get("batch_patterns") or None) if data.is_crash else None,
         "DEFAULT_SAMPLES": samples,
         "ALPHA": REPRO_ALPHA,
@@ -151,6 +152,14 @@ def crash_batch(data: DraftData) -> int:
     from specfuzz.fuzz.run import entry_crash_batch
 
     return entry_crash_batch(data.entry)
+
+
+def run_batch(data: DraftData) -> int | None:
+    """Requests per engine call in a finding's repro: those of the run that failed (the entry's
+    recorded ``batch_size``); None: the engine template's DEFAULT_BATCH (older entries)."""
+    from specfuzz.fuzz.run import entry_run_batch
+
+    return None if data.is_crash else entry_run_batch(data.entry)
 
 
 def default_samples(data: DraftData) -> int:

@@ -73,6 +73,7 @@ DEPTH = None
 SEQUENCE = None
 CRASH = False
 CRASH_BATCH = 600  # requests per engine call when a crash repro runs its request (the campaign's batch)
+RUN_BATCH = None  # requests per engine call of the failing run (None: the engine part's DEFAULT_BATCH)
 BATCH_PATTERNS = None  # a crash in a mixed batch: the other request patterns [{"prompt", "params"}, ...] of that batch
 DEFAULT_SAMPLES = 1000
 ALPHA = 0.001

@@ -10,8 +10,8 @@ import tempfile
 from collections import Counter
 
 from specfuzz.fuzz.draft.templates.repro_common import (
-    ALPHA, BATCH_PATTERNS, CRASH, CRASH_BATCH, DEFAULT_SAMPLES, EXPECTED, PROMPT, SAMPLING, SEQUENCE, SUSPECTED, law_of,
-    log_e_value, report,
+    ALPHA, BATCH_PATTERNS, CRASH, CRASH_BATCH, DEFAULT_SAMPLES, EXPECTED, PROMPT, RUN_BATCH, SAMPLING, SEQUENCE,
+    SUSPECTED, law_of, log_e_value, report,
 )
 from specfuzz.fuzz.draft.templates.repro_draft import Checkpoints
 from specfuzz.fuzz.draft.templates.repro_generic import DEFAULT_BATCH, add_engine_arguments, describe, start_engine
@@ -24,7 +24,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="samples to draw at most (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="first request seed; sample i uses seed + i")
-    ap.add_argument("--batch", type=int, default=None, help="samples per engine call (the test looks after each)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="samples per engine call (the test looks after each; default: as the failing run, "
+                         f"{RUN_BATCH or DEFAULT_BATCH})")
     ap.add_argument("--alpha", type=float, default=ALPHA)
     ap.add_argument("--top", type=int, default=12, help="rows of the observed-vs-expected table")
     ap.add_argument("--keep", default=None, help="write the checkpoints here (kept) instead of a temporary folder")
@@ -41,7 +43,7 @@ def main(argv=None):
     mu, mud = law_of(EXPECTED), law_of(SUSPECTED)
     counts = Counter()
     threshold = math.log(1.0 / args.alpha)
-    batch = args.batch or DEFAULT_BATCH
+    batch = args.batch or RUN_BATCH or DEFAULT_BATCH
     log_e, drawn = 0.0, 0
     while drawn < args.samples:
         b = min(batch, args.samples - drawn)
