@@ -327,6 +327,7 @@ class CampaignStats:
     confirmed: int = 0
     calibration_checks: int = 0  # candidates run with speculation off (a stored calibration bug shares their features)
     calibration_known: int = 0  # ... that failed there too: a stored calibration bug met again, not shrunk
+    rescreened_out: int = 0  # candidates that passed when screened again alone on the running engine (no fresh start)
     unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
     budget: object = None  # the α ledger's ConfirmationBudget, as last read
     stored: list[str] = field(default_factory=list)
@@ -1052,6 +1053,17 @@ class Campaign:
                         pre = self._calibrate(r.case, seed=next_seed(), alpha=self.cfg.screen_alpha)
                         if pre.failed:
                             cand, spec = pre, False
+                    if spec == speculation:
+                        # Screened again alone, on the running engine (fresh samples, the screening
+                        # level), before a fresh engine starts for it: the confirmation runs it alone
+                        # too, and a fresh start costs 21-60 s on the H200. A candidate that failed
+                        # only among the family's other patterns (vLLM's top-p kernel runs on batches
+                        # of 8+ rows) or by chance passes here. (The speculation-off run above is
+                        # this second look for a calibration bug.)
+                        again = self._run([r.case], [self.cfg.screen_alpha], next_seed(), speculation=spec)[0]
+                        if not again.failed:
+                            self.stats.rescreened_out += 1
+                            continue
                     conf, j = self._confirm(cand, spec)
                     if not conf.failed:
                         continue

@@ -48,7 +48,9 @@ def _alpha_rows(cfg, stats, elapsed: float) -> list[tuple[str, str]]:
         return []
     share = stats.unconfirmed_s / elapsed if elapsed > 0 else 0.0
     rows = [
-        ("screening", f"α={screen:g} per pattern (not spent): {stats.candidates} candidates"),
+        ("screening", f"α={screen:g} per pattern (not spent): {stats.candidates} candidates"
+                      + (f", {stats.rescreened_out} passed when screened again alone"
+                         if getattr(stats, "rescreened_out", 0) else "")),
         ("confirmations", f"{stats.confirmations} ({stats.confirmed} confirmed); unconfirmed ones took {share:.2%} of the time"),
     ]
     b = stats.budget

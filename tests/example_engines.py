@@ -266,6 +266,25 @@ class TemperatureBugEngine(ReferenceEngine):
         return super().generate(fixed)
 
 
+class MixedCallBugEngine(ReferenceEngine):
+    """The reference engine that samples every request of a generate call that mixes requests
+    of different sampling parameters at a quarter of its temperature (a bug that a family's
+    mixed batches meet and a pattern run alone does not)."""
+
+    name = "mixed-call-bug"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        import dataclasses
+
+        if len({repr(r.params) for r in requests}) < 2:
+            return super().generate(requests)
+        return super().generate([dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=r.params.temperature / 4))
+                                 if not r.params.greedy else r for r in requests])
+
+
 class LargeCallBugEngine(ReferenceEngine):
     """The reference engine that ignores the temperature of every request after the first
     ``running`` of one generate call (as SGLang 0.5.17 got the penalties wrong only in calls

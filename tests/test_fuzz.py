@@ -171,3 +171,15 @@ def test_workers_share_the_corpus_and_start_at_different_methods(tmp_path):
     first = {w: next(f["method"] for f in fams if f["worker"] == w and f["role"] == "search") for w in (0, 1)}
     assert first[0] != first[1] and set(first.values()) == {"draft_model", "ngram"}
     assert "2 workers" in p.stdout
+
+
+@pytest.mark.slow
+def test_a_candidate_that_passes_when_screened_again_alone_gets_no_fresh_engine(tmp_path):
+    # An engine that goes wrong only in calls mixing request patterns: its candidates fail in a
+    # family's mixed batches and pass alone. Each is screened again alone on the running engine
+    # before a fresh engine is started to confirm it (which runs it alone too, and on the H200
+    # costs 21-60 s of start): none gets a fresh start, and nothing is stored.
+    camp, stats = _campaign(tmp_path, 20, engine="example_engines:MixedCallBugEngine", seed=2, methods=("ngram",))
+    assert stats.candidates > 0 and stats.rescreened_out == stats.candidates, (stats.candidates, stats.rescreened_out)
+    assert stats.confirmations == 0 and camp._fresh_engine is None
+    assert _entries(tmp_path / "corpus") == []
