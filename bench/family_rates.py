@@ -33,7 +33,27 @@ def rates(lines: list[dict]) -> dict:
         g = sum(float((r.get("seconds") or {}).get("generate", 0.0)) for r in rs)
         return {"families": len(rs), "samples": n, "generate_s": round(g, 2), "samples_per_s": round(n / g, 1) if g > 0 else None}
 
-    return {"all": row(lines), **{k: {name: row(rs) for name, rs in sorted(v.items())} for k, v in groups.items()}}
+    return {"all": row(lines), **{k: {name: row(rs) for name, rs in sorted(v.items())} for k, v in groups.items()},
+            "starts": starts(lines)}
+
+
+def starts(lines: list[dict]) -> dict:
+    """Engine starts per role (search, calibration, fresh: a confirmation's new engine):
+    families that started one, start seconds, and of them the seconds spent waiting for the
+    engine process to answer (``ready_s``: its imports, or a spare process's unfinished
+    preload; logged since 2026-12-03)."""
+    out: dict[str, dict] = {}
+    for r in lines:
+        s = float((r.get("seconds") or {}).get("start", 0.0))
+        if s <= 0:
+            continue
+        row = out.setdefault(str(r.get("role") or "search"), {"starts": 0, "start_s": 0.0, "ready_s": 0.0, "ready_logged": 0})
+        row["starts"] += 1
+        row["start_s"] = round(row["start_s"] + s, 2)
+        if "ready_s" in r:
+            row["ready_logged"] += 1
+            row["ready_s"] = round(row["ready_s"] + float(r["ready_s"]), 2)
+    return dict(sorted(out.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- per {kind}")
         for name, r in out[kind].items():
             print(f"  {name:24s} {r['families']:5d} families {r['samples']:8d} samples {r['generate_s']:8.1f} s  {r['samples_per_s']} /s")
+    print("-- engine starts per role (ready: waiting for the engine process to answer)")
+    for role, r in out["starts"].items():
+        ready = f"{r['ready_s']:.1f} s ready over {r['ready_logged']} logged" if r["ready_logged"] else "ready not logged"
+        print(f"  {role:24s} {r['starts']:5d} starts {r['start_s']:8.1f} s  {ready}")
     if args.out is not None:
         args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -275,6 +275,9 @@ class IsolatedEngine:
         self._unready = False  # a new process that has not answered yet (see _await_ready)
         self._starting = False  # inside start()
         self.warm_starts = 0  # starts that took the spare process
+        # Of seconds["start"]: waiting for a new process to answer (its imports, or the rest of
+        # a spare's preload when the spare was taken before it was ready).
+        self.ready_wait_s = 0.0
         # A prestarted engine (prestart()): a process sent ``start`` on a predicted config in
         # the background; a later start() of a config with its swap_key takes it.
         self._hot: dict | None = None
@@ -317,8 +320,10 @@ class IsolatedEngine:
         try:
             self._call("ping", timeout=timeout)
         finally:
+            waited = time.monotonic() - t0
+            self.ready_wait_s += waited
             if not self._starting:  # within start(), start() counts it
-                self.seconds["start"] += time.monotonic() - t0
+                self.seconds["start"] += waited
 
     def _ensure_spare(self) -> None:
         if self.spare_enabled and (self._spare is None or not self._spare[0].is_alive()):

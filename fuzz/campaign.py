@@ -577,7 +577,7 @@ class Campaign:
         else:
             eng = engine or self.engine
         before, swaps, falls = eng.starts, eng.swaps, eng.swap_fallbacks
-        secs = dict(eng.seconds)
+        secs = dict(eng.seconds, ready=getattr(eng, "ready_wait_s", 0.0))
         t0 = time.monotonic()
         split = getattr(self.engine.capabilities(), "seeded_call_prompt_tokens", None)
         try:
@@ -642,6 +642,9 @@ class Campaign:
             "prompt_tokens": max(len(c.prompt) for c in cases), "max_tokens": max(c.params.max_tokens for c in cases),
             "failed": sum(r.failed for r in runs), "crash": any(r.crash is not None for r in runs),
             "seconds": {k: round(eng.seconds[k] - secs.get(k, 0.0), 4) for k in ("start", "swap", "generate")},
+            # Of the start: waiting for the engine process to answer (its imports; a spare
+            # process taken before its preload finished), against the engine's own start.
+            "ready_s": round(getattr(eng, "ready_wait_s", 0.0) - secs.get("ready", 0.0), 4),
             "wall_s": round(wall, 4),
         }
         try:

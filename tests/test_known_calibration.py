@@ -131,12 +131,16 @@ def test_every_family_is_logged_with_its_features_samples_and_seconds(tmp_path):
         ("search", "ngram", 2, 600), ("calibration", None, 1, 300)]
     assert lines[0]["features"] == ["temperature", "top_k"] and lines[1]["features"] == []
     assert lines[0]["seconds"]["generate"] > 0 and lines[0]["wall_s"] >= lines[0]["seconds"]["generate"]
+    # The speculation-off engine's process was new: its first family waited for it to answer
+    # (its imports), a part of that family's start; the search engine's answered before.
+    assert 0 < lines[1]["ready_s"] <= lines[1]["seconds"]["start"] and lines[0]["ready_s"] == 0
     spec = importlib.util.spec_from_file_location("family_rates", REPO / "bench" / "family_rates.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = mod.rates(lines)
     assert out["all"]["samples"] == 900 and out["method"]["off"]["samples"] == 300
     assert out["feature"]["none"]["families"] == 1 and out["feature"]["top_k"]["samples"] == 600
+    assert out["starts"]["calibration"]["starts"] == 1 and out["starts"]["calibration"]["ready_logged"] == 1
 
 
 @pytest.mark.slow
