@@ -24,7 +24,7 @@ from specfuzz.engines.base import EngineConfig, Request
 from specfuzz.engines.checkpoints import materialize
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.fuzz.corpus import Entry
-from specfuzz.oracle.judge import CaseTest, Judgement
+from specfuzz.oracle.judge import CaseTest, Judgement, target_law_dict
 
 
 @dataclass
@@ -156,9 +156,34 @@ def run_family(
     at most that many prompt tokens each (``Capabilities.seeded_call_prompt_tokens``).
     """
     t0 = time.perf_counter()
-    tests = list(tests) if tests is not None else [
-        CaseTest(c, alpha=a, tolerance=tolerance, profile=profile, with_bug_laws=speculation) for c, a in zip(cases, alphas)
-    ]
+    pending = None
+    if tests is not None:
+        tests = list(tests)
+    else:
+        # μ now: a case the oracle cannot take (ambiguous semantics, too many outputs) is
+        # refused before the engine does anything. The catalogued bug laws (the test's
+        # alternatives: 99% of the oracle's time for EAGLE-3 families, up to 1.8 s a
+        # pattern) are computed in a thread while the engine starts or swaps and samples
+        # the first batch (the main thread waits on the engine process then), and the
+        # tests are built before the first outputs are counted.
+        from concurrent.futures import ThreadPoolExecutor
+
+        laws = [(c.target_law(profile), target_law_dict(c, profile=profile)) for c in cases]
+
+        def build() -> list[CaseTest]:
+            return [CaseTest(c, alpha=a, tolerance=tolerance, profile=profile, with_bug_laws=speculation, law=law, mu=mu)
+                    for c, a, (law, mu) in zip(cases, alphas, laws)]
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specfuzz-oracle")
+        pending = pool.submit(build)
+        pool.shutdown(wait=False)
+
+    def ready() -> list[CaseTest]:
+        nonlocal tests, pending
+        if pending is not None:
+            tests, pending = pending.result(), None
+        return tests
+
     runs = [CaseRun(c, None, dtype=dtype) for c in cases]
     unseeded = list(unseeded or [False] * len(cases))
     thresholds = [math.log(1 / a) for a in alphas]
@@ -173,7 +198,8 @@ def run_family(
         launch = launch_record(engine, cfg)
         engine.start(cfg, fresh=fresh)
         while True:
-            live = [i for i, r in enumerate(runs) if r.n < max_samples and tests[i].test.log_e < thresholds[i]]
+            # Before the first outputs every pattern is undecided (its test may still be building).
+            live = [i for i, r in enumerate(runs) if r.n < max_samples and (r.n == 0 or ready()[i].test.log_e < thresholds[i])]
             if not live:
                 break
             reqs, owner = [], []
@@ -195,10 +221,10 @@ def run_family(
             for i, toks in grouped.items():
                 runs[i].counts.update(toks)
                 runs[i].n += len(toks)
-                tests[i].update(toks)
+                ready()[i].update(toks)
     except EngineCrash as exc:
         crash = exc
-    for r, t in zip(runs, tests):
+    for r, t in zip(runs, ready()):
         r.crash = crash
         r.launch = launch
         r.call_requests = call_requests

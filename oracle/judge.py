@@ -95,11 +95,16 @@ class CaseTest:
         tolerance: float = 0.0,
         with_bug_laws: bool = True,
         profile: str = "vllm",
+        law=None,
+        mu: dict | None = None,
     ) -> None:
+        """``law`` and ``mu``: the case's target law and its enumerated dict, where the caller
+        computed them already (:func:`specfuzz.fuzz.run.run_family` does, before the engine
+        runs, so that a case the oracle cannot take is refused first)."""
         self.case = case
         self.profile = profile
-        self.law = case.target_law(profile)
-        self.mu = target_law_dict(case, profile=profile)
+        self.law = case.target_law(profile) if law is None else law
+        self.mu = target_law_dict(case, profile=profile) if mu is None and law is None else mu
         self.alternatives = bug_laws(case, self.mu, profile=profile) if with_bug_laws and self.mu is not None else {}
         self.alpha = alpha
         self.tolerance = tolerance

@@ -173,3 +173,32 @@ def test_the_wait_for_a_new_engine_process_counts_as_start_time(tmp_path):
         eng.start(engine_config(case, tmp_path / "a"))  # a new process: its wait is inside start()
         assert waited + 1.4 <= eng.seconds["start"] < 2 * waited + 30
         assert eng.starts == 1
+
+
+def test_the_oracle_refuses_a_case_before_the_engine_starts_and_builds_the_tests_beside_the_engine(tmp_path, monkeypatch):
+    # μ is computed before the engine does anything (a case the oracle cannot take costs no
+    # start); the catalogued bug laws are built in a thread while the engine starts and
+    # samples, and the verdict is the same as ever (N6 injected: caught and attributed).
+    import numpy as np
+
+    from specfuzz.errors import AmbiguousSemantics
+    from specfuzz.oracle.params import SamplingParams
+
+    tie = _clean("N1").with_(target_table=np.zeros((2, 2), dtype=np.float32), spec=None, draft_table=None,
+                             params=SamplingParams(temperature=1.0, top_k=1, max_tokens=1))
+    with IsolatedEngine("reference", {"inject": "N6"}) as eng:
+        with pytest.raises(AmbiguousSemantics):
+            run_case(eng, tie, ckpt_root=tmp_path, alpha=ALPHA, max_samples=100, batch=100, speculation=False)
+        assert eng.starts == 0
+        threads = []
+        real = threading.Thread.start
+
+        def spy(self):
+            threads.append(self.name)
+            return real(self)
+
+        monkeypatch.setattr(threading.Thread, "start", spy)
+        run = run_case(eng, _clean("N6"), ckpt_root=tmp_path, alpha=ALPHA, max_samples=5000, batch=100)
+        monkeypatch.undo()
+    assert any(n.startswith("specfuzz-oracle") for n in threads), threads
+    assert run.judgement.verdict.status == "fail" and run.judgement.attribution.label == "N6"
