@@ -1054,6 +1054,9 @@ class Campaign:
                         # speculation off (no candidates that only change speculation knobs, which
                         # such a run ignores; candidates swap into the speculation-off engine).
                         pre = self._calibrate(r.case, seed=next_seed(), alpha=self.cfg.screen_alpha)
+                        if pre.crash is not None:
+                            self.on_event(f"the speculation-off engine crashed on a candidate ({pre.crash.kind}: "
+                                          f"{pre.crash.detail[:120]}); it goes on with speculation on", self.stats)
                         if pre.failed:
                             cand, spec = pre, False
                     if spec == speculation:
@@ -1064,6 +1067,9 @@ class Campaign:
                         # of 8+ rows) or by chance passes here. (The speculation-off run above is
                         # this second look for a calibration bug.)
                         again = self._run([r.case], [self.cfg.screen_alpha], next_seed(), speculation=spec)[0]
+                        if again.crash is not None:
+                            self._record_crash(r.case, again.crash, [r.case])  # a finding of its own
+                            continue
                         if not again.failed:
                             self.stats.rescreened_out += 1
                             continue
