@@ -272,10 +272,7 @@ def entry_replay_calls(entry: Entry) -> dict:
 def entry_run_batch(entry: Entry) -> int | None:
     """Requests per engine call of a (non-crash) entry's failing run (``extra.batch_size``), or
     None for entries stored before it was recorded (their replays keep the callers' default)."""
-    if entry.kind == "crash":
-        return None
-    recorded = entry.extra.get("batch_size")
-    return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else None
+    return None if entry.kind == "crash" else _recorded_batch(entry)
 
 
 def run_case(engine: IsolatedEngine, case: Case, *, alpha: float, case_test: CaseTest | None = None, **kw) -> CaseRun:
@@ -321,8 +318,13 @@ def entry_crash_batch(entry: Entry) -> int:
     (entries stored before the batch was recorded ran in batches that large or smaller).
     Some crashes need the whole batch: vLLM CPU's chunked-prefill crash (corpus
     crash-8364f7220f732b16) needs 17-token prompts in calls of more than 500 requests."""
+    return _recorded_batch(entry) or DEFAULT_BATCH
+
+
+def _recorded_batch(entry: Entry) -> int | None:
+    """The entry's ``extra.batch_size`` (requests per engine call of the run it records), or None."""
     recorded = entry.extra.get("batch_size")
-    return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else DEFAULT_BATCH
+    return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else None
 
 
 def _engine_default(case: Case) -> bool:

@@ -248,44 +248,52 @@ class ProcessRestartEngine(ReferenceEngine):
         return os.getpid(), self._preloaded
 
 
-class TemperatureBugEngine(ReferenceEngine):
+class _WrongTemperatureEngine(ReferenceEngine):
+    """The reference engine whose sampler uses another temperature for some non-greedy
+    requests of a call: ``wrong_temperatures(requests)`` gives, per request, the temperature
+    it uses instead (None: the request's own)."""
+
+    name = "wrong-temperature"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def wrong_temperatures(self, requests: Sequence[Request]) -> list[float | None]:
+        raise NotImplementedError
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        import dataclasses
+
+        sent = [r if t is None or r.params.greedy else dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=t))
+                for r, t in zip(requests, self.wrong_temperatures(requests))]
+        return super().generate(sent)
+
+
+class TemperatureBugEngine(_WrongTemperatureEngine):
     """The reference engine whose target sampler ignores the temperature, with speculation on
     or off: a calibration bug (the engine with speculation off disagrees with μ) that every
     speculation method meets."""
 
     name = "temperature-bug"
 
-    def version(self):
-        return {**super().version(), "name": self.name}
-
-    def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        import dataclasses
-
-        fixed = [dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=1.0))
-                 if not r.params.greedy else r for r in requests]
-        return super().generate(fixed)
+    def wrong_temperatures(self, requests: Sequence[Request]) -> list[float | None]:
+        return [1.0] * len(requests)
 
 
-class MixedCallBugEngine(ReferenceEngine):
+class MixedCallBugEngine(_WrongTemperatureEngine):
     """The reference engine that samples every request of a generate call that mixes requests
     of different sampling parameters at a quarter of its temperature (a bug that a family's
     mixed batches meet and a pattern run alone does not)."""
 
     name = "mixed-call-bug"
 
-    def version(self):
-        return {**super().version(), "name": self.name}
-
-    def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        import dataclasses
-
+    def wrong_temperatures(self, requests: Sequence[Request]) -> list[float | None]:
         if len({repr(r.params) for r in requests}) < 2:
-            return super().generate(requests)
-        return super().generate([dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=r.params.temperature / 4))
-                                 if not r.params.greedy else r for r in requests])
+            return [None] * len(requests)
+        return [r.params.temperature / 4 for r in requests]
 
 
-class LargeCallBugEngine(ReferenceEngine):
+class LargeCallBugEngine(_WrongTemperatureEngine):
     """The reference engine that ignores the temperature of every request after the first
     ``running`` of one generate call (as SGLang 0.5.17 got the penalties wrong only in calls
     of more requests than its max_running_requests: corpus h200/sglang calibration-1f04)."""
@@ -296,15 +304,8 @@ class LargeCallBugEngine(ReferenceEngine):
         super().__init__(**kw)
         self.running = int(running)
 
-    def version(self):
-        return {**super().version(), "name": self.name}
-
-    def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        import dataclasses
-
-        late = [dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=1.0))
-                if i >= self.running and not r.params.greedy else r for i, r in enumerate(requests)]
-        return super().generate(late)
+    def wrong_temperatures(self, requests: Sequence[Request]) -> list[float | None]:
+        return [None if i < self.running else 1.0 for i in range(len(requests))]
 
 
 class SlowInitEngine(ReferenceEngine):
