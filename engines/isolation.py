@@ -367,7 +367,7 @@ class IsolatedEngine:
     def _call(self, cmd: str, *args: Any, timeout: float) -> Any:
         if self._proc is None:
             self._spawn()
-        if self._unready and cmd not in ("start", "ping"):  # start() counts its own wait
+        if self._unready and cmd != "ping":  # a start counts the wait in its own seconds (see _await_ready)
             self._await_ready(timeout)
         self._unready = False
         assert self._conn is not None and self._proc is not None
@@ -452,7 +452,12 @@ class IsolatedEngine:
             self._starting = False
 
     def _start(self, config: EngineConfig, fresh: bool) -> None:
-        if fresh and self._proc is not None and not getattr(self.capabilities(), "restart_in_process", True):
+        # A fresh start needs a process no engine has run in: one that has only answered
+        # queries (its adapter's launch_args for the launch record, capabilities) is one,
+        # and usually the preloaded spare; ending it would start in the spare spawned a
+        # moment ago, still importing (vLLM on the H200: 22-30 s instead of 5 s).
+        if (fresh and self._proc is not None and self._config is not None
+                and not getattr(self.capabilities(), "restart_in_process", True)):
             self.close(keep_spare=True, discard=True)
         if self._proc is not None and self._config == config and not fresh:
             return
