@@ -37,6 +37,7 @@ another.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -91,6 +92,9 @@ DEFAULT_EVERY = 4
 # The budget is enforced inside examples; a SIGALRM this long after the deadline stops
 # the campaign even inside Hypothesis's internals or a slow engine call.
 WATCHDOG_GRACE_S = 10.0
+# Reductions of a candidate tried against one stored calibration entry whose own features the
+# oracle refuses (Campaign._reduced_calibration).
+MAX_CALIBRATION_REDUCTIONS = 16
 # CampaignConfig.spare_engines=None turns spare engine processes on from this many CPUs.
 SPARE_MIN_CPUS = 8
 # IsolatedEngine counters added up over a campaign's engines into totals["engine"].
@@ -696,12 +700,8 @@ class Campaign:
             if n == len(feats):
                 reduced = calib
             else:
-                try:
-                    case = Case.from_json(reduced_to_features(case_json, key[1]))
-                    reduced = self._calibrate(case, seed=seed + 1, alpha=self.cfg.screen_alpha)
-                except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError):
-                    continue
-                if not reduced.failed:
+                reduced = self._reduced_calibration(case_json, key[1], feats, seed + 1)
+                if reduced is None or not reduced.failed:
                     continue
             path = self.calibration_entries[key]
             if key not in self.seen_again:
@@ -714,6 +714,27 @@ class Campaign:
             self.stats.calibration_known += 1
             return True
         return False
+
+    def _reduced_calibration(self, case_json: dict, features: tuple[str, ...], feats: set[str], seed: int) -> CaseRun | None:
+        """The candidate reduced to a stored calibration entry's ``features`` (the others back at
+        their defaults), run with speculation off at the screening level. Where the oracle refuses
+        that case (e.g. a top-p boundary tie once a penalty that broke it is gone: ambiguous
+        semantics; or an output space too large once ignore_eos is off), the reductions that keep
+        one more of the candidate's features, then two, ... (at most MAX_CALIBRATION_REDUCTIONS),
+        are tried in turn and the first one the oracle takes is run. (On the H200, 2026-12-03, a top-p bug met with ignore_eos, min_tokens
+        and a repetition penalty was not recognised as the stored top-p entry, with no reduced run
+        in the family log, and was shrunk and stored again.) None: no reduction could be run."""
+        extra = sorted(feats - set(features))
+        why = ""
+        tries = itertools.chain.from_iterable(itertools.combinations(extra, k) for k in range(len(extra)))
+        for more in itertools.islice(tries, MAX_CALIBRATION_REDUCTIONS):
+            try:
+                case = Case.from_json(reduced_to_features(case_json, tuple(features) + more))
+                return self._calibrate(case, seed=seed, alpha=self.cfg.screen_alpha)
+            except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError) as exc:
+                why = why or f"{type(exc).__name__}: {str(exc)[:120]}"
+        self.on_event(f"no reduction to the features {list(features)} of a stored calibration entry could be run ({why})", self.stats)
+        return None
 
     def _confirm(self, run: CaseRun, speculation: bool, engine: IsolatedEngine | None = None) -> tuple[CaseRun, int]:
         """A candidate run again on fresh samples (its own seed window), on a freshly
@@ -1174,6 +1195,18 @@ class Campaign:
                                    "confirmed_on": "fresh engine start" + (", speculation off" if self._spec_off_found else ""),
                                    "kept_across_swap": list(getattr(last, "kept", ()) or ()) if last is not None else []}
         entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
+        if entry.kind == "calibration":
+            # Shrunk to exactly the features of a stored calibration entry of this engine: that
+            # target-sampler bug (corpus.calibration_key), met where the check for known
+            # calibration bugs did not recognise it (it runs at the screening level, once). The
+            # stored entry is seen again; no second entry of one bug.
+            known = self.calibration_entries.get(calibration_key(str(entry.engine.get("name")), entry.case))
+            if known is not None and known.exists() and known != self.corpus.path_for(entry):
+                if self._mark_seen(known):
+                    self.stats.findings_updated += 1
+                self.known.add(entry.signature)
+                self.on_event(f"calibration bug seen again (shrunk to the features of {known.name}): not stored again", self.stats)
+                return
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)
         self.stats.findings_new += int(new)

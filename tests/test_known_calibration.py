@@ -77,6 +77,67 @@ def test_a_stored_calibration_bug_met_under_another_method_is_seen_again_and_not
     assert sorted(p.name for p in corpus.glob("*.json")) == [stored.name]
 
 
+def test_a_stored_calibration_bug_is_recognised_when_the_reduction_to_its_features_is_ambiguous(tmp_path):
+    """The candidate (temperature, top_k, logit_bias, min_tokens) reduced to the stored entry's
+    features (temperature, top_k) has a top-k tie the oracle refuses (its logit_bias broke it):
+    the reductions that keep one more feature are tried, the one with logit_bias is run, fails
+    with speculation off, and the stored entry is seen again."""
+    corpus = tmp_path / "corpus"
+    stored = _store_calibration(corpus, "temperature-bug", _case("draft_model", temperature=0.5, top_k=2))
+    camp = Campaign(CampaignConfig(engine="example_engines:TemperatureBugEngine", corpus_dir=corpus,
+                                   work_dir=tmp_path / "work", budget_s=60))
+    camp._profile = camp.engine.capabilities().profile
+    events = []
+    camp.on_event = lambda msg, stats: events.append(msg)
+    table = np.array([[2.0, -1.0, -1.0]] * 3, dtype=np.float32)  # tokens 1 and 2 tie for second place
+    case = _case("ngram", temperature=0.5, top_k=2, logit_bias={1: -0.5}, min_tokens=1).with_(target_table=table, prompt=[1])
+    with pytest.raises(Exception, match="tie"):
+        Case.from_json(reduced_to_features(case.to_json(), ["temperature", "top_k"])).target_law(camp._profile).enumerate()
+    try:
+        run = camp._run([case], [camp.cfg.screen_alpha], seed=21)[0]
+        assert run.failed
+        assert camp._known_calibration(run, seed=22)
+        assert camp.stats.calibration_known == 1
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        # A stored entry whose every reduction is refused: said in the log, not recognised.
+        tied = _case("ngram", temperature=0.5, top_k=2, presence_penalty=0.5).with_(target_table=table, prompt=[1])
+        other = _store_calibration(corpus, "temperature-bug", _case("draft_model", top_k=2))
+        camp._add_calibration(Entry.from_json(json.loads(other.read_text())), other)
+        assert camp._reduced_calibration(tied.to_json(), ("top_k",), {"top_k", "temperature", "presence_penalty"}, 23) is None
+        assert any("no reduction to the features ['top_k']" in m and "AmbiguousSemantics" in m for m in events)
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def test_a_failure_shrunk_to_a_stored_calibration_entrys_features_is_not_stored_again(tmp_path):
+    """A confirmed failure that fails with speculation off too and whose features are exactly a
+    stored calibration entry's (the check for known calibration bugs missed it) marks that entry
+    seen again instead of storing a second entry of the bug; other features are stored."""
+    corpus = tmp_path / "corpus"
+    stored = _store_calibration(corpus, "temperature-bug", _case("draft_model", temperature=0.5))
+    camp = Campaign(CampaignConfig(engine="example_engines:TemperatureBugEngine", corpus_dir=corpus,
+                                   work_dir=tmp_path / "work", budget_s=60))
+    camp._profile = camp.engine.capabilities().profile
+    events = []
+    camp.on_event = lambda msg, stats: events.append(msg)
+    table = np.array([[1.0, 0.0], [0.0, 0.5]], dtype=np.float32)  # another model than the stored entry's
+    try:
+        same = camp._run([_case("ngram", temperature=0.5).with_(target_table=table)], [camp.cfg.screen_alpha], seed=31)[0]
+        assert same.failed
+        camp._store_failure(same, same, 1)
+        assert sorted(p.name for p in corpus.glob("*.json")) == [stored.name]
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        assert any(f"shrunk to the features of {stored.name}" in m for m in events)
+        more = camp._run([_case("ngram", temperature=0.5, top_p=0.99).with_(target_table=table)], [camp.cfg.screen_alpha], seed=32)[0]
+        assert more.failed
+        camp._store_failure(more, more, 2)
+        assert len(list(corpus.glob("calibration-*.json"))) == 2 and len(camp.stats.stored) == 1
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
 def test_a_candidate_that_passes_with_speculation_off_is_not_taken_for_the_stored_calibration_bug(tmp_path):
     # The correct reference engine with speculation off agrees with μ: a stored calibration
     # entry with the same features (say, from an older engine version) does not hide the candidate.
