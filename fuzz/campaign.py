@@ -1065,7 +1065,7 @@ class Campaign:
                     # (25-60 s on the H200) left Hypothesis one or two candidates per shrink.
                     conf, j = None, 0
                 else:
-                    cand, spec = r, speculation
+                    cand, spec, pre = r, speculation, None
                     if speculation:
                         # Speculation off first, on the running speculation-off engine (its tables
                         # swapped in and checked): where the target's own sampler fails too, the
@@ -1098,6 +1098,9 @@ class Campaign:
                     if not conf.failed:
                         continue
                     self._spec_off_found = not spec and speculation
+                    # Kept on disk until the failure is shrunk and stored: a campaign killed (or
+                    # its machine lost) meanwhile stores it unshrunk when it resumes.
+                    self._write_pending(conf, j, pre if spec else None)
                     label_of_first.append(label)
                     shrinking()
                     self.on_event(f"failure ({label}); shrinking", self.stats)
@@ -1217,6 +1220,69 @@ class Campaign:
             self.stats.stored.append(path.name)
         self.on_event(f"stored {entry.kind} {path.name} ({entry.label})", self.stats)
 
+    def _pending_path(self) -> Path:
+        """This worker's record of a failure confirmed and not yet stored (one at a time)."""
+        return self.state_dir / f"pending-w{self.cfg.worker}.json"
+
+    def _write_pending(self, conf: CaseRun, j: int, calib: CaseRun | None) -> None:
+        """The entry a confirmed failure would make unshrunk, written before shrinking starts:
+        shrinking takes minutes on a GPU engine, and a campaign killed meanwhile (a timeout, a
+        lost machine: 2026-12-03 on the H200, a confirmed SGLang failure went with its machine)
+        would otherwise lose it. ``calib``: the speculation-off run of the same case on the
+        running engine (the screening-level check a speculative candidate passed)."""
+        entry = finding_entry(self.engine.version(), conf, calib)
+        if self.cfg.calibration_only or self._spec_off_found:
+            entry.kind = "calibration"
+        entry.extra.update({
+            "confirmation": None if conf.judgement is None else conf.judgement.verdict.to_dict(),
+            "confirmation_index": j,
+            "found_on": {"engine_swaps": self.engine.swaps,
+                         "confirmed_on": "fresh engine start" + (", speculation off" if self._spec_off_found else "")},
+            "campaign": {"seed": self.cfg.seed, "search": self.search_index},
+            "shrunk": False,
+            "note": ("Stored from the pending record of a campaign that ended (killed, or its machine lost) after it "
+                     "confirmed this failure on a fresh engine and before it shrank and stored it: not shrunk"
+                     + ("" if entry.kind == "calibration" else
+                        "; speculation off was checked on the same case at the screening level only (its calibration)")
+                     + "."),
+        })
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self._pending_path(), entry.to_json())
+        except OSError as exc:
+            self.on_event(f"could not keep the confirmed failure on disk ({exc}): it is stored once shrunk", self.stats)
+
+    def _store_pending(self) -> None:
+        """A failure this worker confirmed in an earlier run that ended before storing it
+        (_write_pending): stored now, unshrunk, unless its signature is stored already. Worker 0
+        also takes those of workers this run does not have (an earlier run had more)."""
+        paths = [self._pending_path()]
+        if self.cfg.worker == 0:
+            for p in sorted(self.state_dir.glob("pending-w*.json")):
+                w = p.stem.removeprefix("pending-w")
+                if w.isdigit() and int(w) >= max(1, self.cfg.workers):
+                    paths.append(p)
+        for path in paths:
+            if path.exists():
+                self._store_pending_file(path)
+
+    def _store_pending_file(self, path: Path) -> None:
+        try:
+            entry = Entry.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.on_event(f"a pending confirmed failure could not be read ({path.name}: {exc}); it is left in place", self.stats)
+            return
+        if entry.signature not in self.known:
+            stored, new = self.corpus.store(entry)
+            self.known.add(entry.signature)
+            if new:
+                self.stats.findings_new += 1
+                self.stats.stored.append(stored.name)
+                if entry.kind == "calibration":
+                    self._add_calibration(entry, stored)
+            self.on_event(f"stored {entry.kind} {stored.name}, confirmed by an earlier run that ended before shrinking it", self.stats)
+        path.unlink(missing_ok=True)
+
     def _arm_watchdog(self) -> bool:
         if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
             return False
@@ -1241,6 +1307,7 @@ class Campaign:
     def run(self) -> CampaignStats:
         armed = self._armed = self._arm_watchdog()
         try:
+            self._store_pending()
             while self._left() > 0:
                 self.search_index += 1
                 self.stats.searches += 1
@@ -1261,6 +1328,7 @@ class Campaign:
                     self._store_failure(run, conf, j)
                     if armed:
                         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
+                self._pending_path().unlink(missing_ok=True)
                 self._save_state()
                 self._shrinking = False
         except BudgetExhausted:

@@ -118,6 +118,34 @@ def test_sigkilled_campaign_loses_nothing_and_does_not_rereport_on_resume(tmp_pa
     assert n6 and len(prints) == len(set(prints)), prints
 
 
+@pytest.mark.slow
+def test_a_failure_confirmed_before_a_kill_is_stored_unshrunk_when_the_campaign_resumes(tmp_path):
+    """A campaign killed after it confirmed a failure on a fresh engine and before it finished
+    shrinking it (a GPU engine's shrink takes minutes; a lost machine ends it) kept the failure
+    on disk (.specfuzz/pending-w0.json); the resumed campaign stores it, unshrunk."""
+    corpus = tmp_path / "corpus"
+    pending = corpus / ".specfuzz" / "pending-w0.json"
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--inject", "N6", "--corpus", str(corpus),
+           "--work-dir", str(tmp_path / "work"), "--quiet", "--seed", "1"]
+    p = subprocess.Popen(cmd + ["--budget", "120s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 110
+    while time.time() < deadline and not pending.exists() and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert pending.exists(), "no confirmed failure was pending before the kill"
+    kept = json.loads(pending.read_text())
+    assert kept["kind"] == "finding" and kept["extra"]["shrunk"] is False and kept["extra"]["confirmation"]["status"] == "fail"
+    stored_before = {path.name for path in corpus.glob("finding-*.json")}
+    assert not stored_before  # killed while shrinking: nothing stored yet
+    subprocess.run(cmd + ["--budget", "5s"], check=False, stdout=subprocess.DEVNULL, timeout=300)
+    assert not pending.exists()
+    entries = [json.loads(path.read_text()) for path in corpus.glob("finding-*.json")]
+    unshrunk = [e for e in entries if e["case"] == kept["case"]]
+    assert len(unshrunk) == 1 and unshrunk[0]["extra"]["shrunk"] is False
+    assert unshrunk[0]["extra"]["note"].startswith("Stored from the pending record")
+
+
 def test_budget_parsing_accepts_units_and_rejects_garbage():
     assert parse_budget("90s") == 90 and parse_budget("10m") == 600 and parse_budget("2h") == 7200
     assert parse_budget("1h30m") == 5400 and parse_budget("45") == 45
