@@ -721,9 +721,10 @@ class Campaign:
         that case (e.g. a top-p boundary tie once a penalty that broke it is gone: ambiguous
         semantics; or an output space too large once ignore_eos is off), the reductions that keep
         one more of the candidate's features, then two, ... (at most MAX_CALIBRATION_REDUCTIONS),
-        are tried in turn and the first one the oracle takes is run. (On the H200, 2026-12-03, a top-p bug met with ignore_eos, min_tokens
-        and a repetition penalty was not recognised as the stored top-p entry, with no reduced run
-        in the family log, and was shrunk and stored again.) None: no reduction could be run."""
+        are tried in turn and the first one the oracle takes is run. (On the H200, 2026-12-03, a
+        top-p bug met with ignore_eos, min_tokens and a repetition penalty was not recognised as
+        the stored top-p entry, with no reduced run in the family log, and was shrunk and stored
+        again.) None: no reduction could be run."""
         extra = sorted(feats - set(features))
         why = ""
         tries = itertools.chain.from_iterable(itertools.combinations(extra, k) for k in range(len(extra)))
