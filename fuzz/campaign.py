@@ -1190,26 +1190,38 @@ class Campaign:
                 entry.kind = "calibration"
             else:
                 entry = finding_entry(version, run, calib)
-        entry.extra["confirmation"] = None if conf.judgement is None else conf.judgement.verdict.to_dict()
-        entry.extra["confirmation_index"] = j  # the campaign's j-th confirmation, at α_j
-        # Where the search met it: a swapped engine (and engine state a swap kept, which
-        # changes what gets drafted); the confirmation ran on a freshly started engine.
+        entry.extra.update(self._found_extra(conf, j))
+        self._store_entry(entry)
+
+    def _found_extra(self, conf: CaseRun, j: int) -> dict:
+        """What an entry records of the confirmation that let it be stored and of where the
+        search met it."""
         last = self.engine.last_swap
-        entry.extra["found_on"] = {"engine_swaps": self.engine.swaps,
-                                   "confirmed_on": "fresh engine start" + (", speculation off" if self._spec_off_found else ""),
-                                   "kept_across_swap": list(getattr(last, "kept", ()) or ()) if last is not None else []}
-        entry.extra["campaign"] = {"seed": self.cfg.seed, "search": self.search_index}
+        return {
+            "confirmation": None if conf.judgement is None else conf.judgement.verdict.to_dict(),
+            "confirmation_index": j,  # the campaign's j-th confirmation, at α_j
+            # Where the search met it: a swapped engine (and engine state a swap kept, which
+            # changes what gets drafted); the confirmation ran on a freshly started engine.
+            "found_on": {"engine_swaps": self.engine.swaps,
+                         "confirmed_on": "fresh engine start" + (", speculation off" if self._spec_off_found else ""),
+                         "kept_across_swap": list(getattr(last, "kept", ()) or ()) if last is not None else []},
+            "campaign": {"seed": self.cfg.seed, "search": self.search_index},
+        }
+
+    def _store_entry(self, entry: Entry, how: str = "") -> None:
+        """Store a confirmed failure's entry (``how``: said after it in the log)."""
         if entry.kind == "calibration":
-            # Shrunk to exactly the features of a stored calibration entry of this engine: that
-            # target-sampler bug (corpus.calibration_key), met where the check for known
-            # calibration bugs did not recognise it (it runs at the screening level, once). The
-            # stored entry is seen again; no second entry of one bug.
+            # The features of a stored calibration entry of this engine: that target-sampler bug
+            # (corpus.calibration_key), met where the check for known calibration bugs did not
+            # recognise it (it runs at the screening level, once). The stored entry is seen
+            # again; no second entry of one bug.
             known = self.calibration_entries.get(calibration_key(str(entry.engine.get("name")), entry.case))
             if known is not None and known.exists() and known != self.corpus.path_for(entry):
                 if self._mark_seen(known):
                     self.stats.findings_updated += 1
                 self.known.add(entry.signature)
-                self.on_event(f"calibration bug seen again (shrunk to the features of {known.name}): not stored again", self.stats)
+                shrunk = "" if entry.extra.get("shrunk") is False else "shrunk to "
+                self.on_event(f"calibration bug seen again ({shrunk}the features of {known.name}): not stored again", self.stats)
                 return
         path, new = self.corpus.store(entry)
         self.known.add(entry.signature)
@@ -1219,7 +1231,7 @@ class Campaign:
             self._add_calibration(entry, path)
         if new:
             self.stats.stored.append(path.name)
-        self.on_event(f"stored {entry.kind} {path.name} ({entry.label})", self.stats)
+        self.on_event(f"stored {entry.kind} {path.name} ({entry.label}){how}", self.stats)
 
     def _pending_path(self) -> Path:
         """This worker's record of a failure confirmed and not yet stored (one at a time)."""
@@ -1234,12 +1246,8 @@ class Campaign:
         entry = finding_entry(self.engine.version(), conf, calib)
         if self.cfg.calibration_only or self._spec_off_found:
             entry.kind = "calibration"
+        entry.extra.update(self._found_extra(conf, j))
         entry.extra.update({
-            "confirmation": None if conf.judgement is None else conf.judgement.verdict.to_dict(),
-            "confirmation_index": j,
-            "found_on": {"engine_swaps": self.engine.swaps,
-                         "confirmed_on": "fresh engine start" + (", speculation off" if self._spec_off_found else "")},
-            "campaign": {"seed": self.cfg.seed, "search": self.search_index},
             "shrunk": False,
             "note": ("Stored from the pending record of a campaign that ended (killed, or its machine lost) after it "
                      "confirmed this failure on a fresh engine and before it shrank and stored it: not shrunk"
@@ -1274,14 +1282,7 @@ class Campaign:
             self.on_event(f"a pending confirmed failure could not be read ({path.name}: {exc}); it is left in place", self.stats)
             return
         if entry.signature not in self.known:
-            stored, new = self.corpus.store(entry)
-            self.known.add(entry.signature)
-            if new:
-                self.stats.findings_new += 1
-                self.stats.stored.append(stored.name)
-                if entry.kind == "calibration":
-                    self._add_calibration(entry, stored)
-            self.on_event(f"stored {entry.kind} {stored.name}, confirmed by an earlier run that ended before shrinking it", self.stats)
+            self._store_entry(entry, ", confirmed by an earlier run that ended before shrinking it")
         path.unlink(missing_ok=True)
 
     def _arm_watchdog(self) -> bool:
