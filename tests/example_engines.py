@@ -374,3 +374,15 @@ class SlowCloseEngine(SlowRestartEngine):
 
     def close(self) -> None:
         time.sleep(8.0)
+
+
+class RefusingRestartEngine(SlowRestartEngine):
+    """A SlowRestartEngine that refuses every swap (as SGLang refuses one into a reduced EAGLE-3
+    draft vocabulary): each family of a start shape restarts it."""
+
+    name = "refusing-restart"
+
+    def swap(self, config):
+        from specfuzz.engines.base import SwapUnsupported
+
+        raise SwapUnsupported("this engine's only route into the draft also writes the target's lm_head")

@@ -215,3 +215,35 @@ def test_a_search_slice_counts_sampling_not_its_engines_start(tmp_path, monkeypa
     slow = [fs for fs in by_search.values() if fs[0]["seconds"]["start"] >= 3.0]
     assert slow and max(len(fs) for fs in slow) >= 3
     assert stats.searches >= 2 and stats.findings_new == 0
+
+
+def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkeypatch):
+    """Restarts after a search's opening start count against its slice: on an engine that
+    refuses every swap (each family restarts it, 2 s here; SGLang with a reduced EAGLE-3 draft
+    vocabulary on the H200: 11 restarts, 394 s of one search), a search ends after its slice
+    and the campaign goes on to other searches, instead of one search restarting the engine
+    for every family of the budget."""
+    import specfuzz.fuzz.campaign as campaign
+
+    monkeypatch.setattr(campaign, "SEARCH_SLICE_MIN_S", 3.0)
+    monkeypatch.setattr(campaign, "SLICE_START_FACTOR", 0.5)
+    monkeypatch.setattr(campaign, "FIRST_START_GUESS_S", 2.0)
+    cfg = CampaignConfig(engine="tests.example_engines:RefusingRestartEngine", budget_s=24, corpus_dir=tmp_path / "c",
+                         methods=("draft_model", "ngram"), work_dir=tmp_path / "wd", max_samples=200, max_k=3,
+                         spare_engines=False, prestart=False)
+    stats = Campaign(cfg).run()
+    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    by_search: dict[int, list] = {}
+    for f in fams:
+        if f["role"] == "search":
+            by_search.setdefault(f["search"], []).append(f)
+    restarted = [fs for fs in by_search.values() if len(fs) > 1]
+    assert restarted and all(f["seconds"]["start"] >= 2.0 for fs in restarted for f in fs)  # every family restarted
+    for fs in by_search.values():
+        # the slice (3 s) counted every restart after the first family: at most one more
+        # family (its restart and samples) once the slice was over
+        after_opening = sum(f["wall_s"] for f in fs[1:])
+        assert after_opening <= 3.0 + 2 * 2.0 + 2.0, [round(f["wall_s"], 2) for f in fs]
+    assert stats.searches >= 3 and len(by_search) >= 3
+    events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "swap refused" for e in events)
