@@ -95,6 +95,12 @@ WATCHDOG_GRACE_S = 10.0
 # Reductions of a candidate tried against one stored calibration entry whose own features the
 # oracle refuses (Campaign._reduced_calibration).
 MAX_CALIBRATION_REDUCTIONS = 16
+# A confirmation samples up to this many times --samples: as many as the candidate's own run
+# suggests its level needs (confirmation_samples), since a fresh start costs far more than
+# samples (SGLang on the H200: ~30 s against ~900 samples/s).
+CONFIRM_MAX_FACTOR = 8
+# Margin on that estimate (the evidence of a run of n samples grows about linearly in n).
+CONFIRM_MARGIN = 1.5
 # CampaignConfig.spare_engines=None turns spare engine processes on from this many CPUs.
 SPARE_MIN_CPUS = 8
 # IsolatedEngine counters added up over a campaign's engines into totals["engine"].
@@ -331,6 +337,8 @@ class CampaignStats:
     confirmed: int = 0
     calibration_checks: int = 0  # candidates run with speculation off (a stored calibration bug shares their features)
     calibration_known: int = 0  # ... that failed there too: a stored calibration bug met again, not shrunk
+    finding_checks: int = 0  # candidates run reduced to a stored speculation finding's features (same method)
+    findings_known: int = 0  # ... that failed so reduced: a stored speculation finding met again, not shrunk
     rescreened_out: int = 0  # candidates that passed when screened again alone on the running engine (no fresh start)
     unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
     budget: object = None  # the α ledger's ConfirmationBudget, as last read
@@ -417,6 +425,14 @@ class Campaign:
         for path, e in self.corpus.entries():
             if isinstance(e, Entry) and e.kind == "calibration":
                 self._add_calibration(e, path)
+        # The stored speculation findings of each (engine name, method, sampling features): a
+        # speculative candidate of that method whose features include a finding's and that
+        # fails reduced to them is that finding met again (_known_finding).
+        self.finding_entries: dict[tuple[str, str, tuple[str, ...]], tuple[Path, str | None]] = {}
+        for path, e in self.corpus.entries():
+            if isinstance(e, Entry) and e.kind == "finding":
+                self._add_finding(e, path)
+        self.findings_seen_again: set[tuple[str, str, tuple[str, ...]]] = set()
         self.crash_entries: dict[str, Path] = {}
         for path, e in sorted(self.corpus.entries(), key=lambda pe: isinstance(pe[1], Entry) and pe[1].extra.get("shrunk") is True):
             if isinstance(e, Entry) and e.kind == "crash":
@@ -568,9 +584,10 @@ class Campaign:
     # -- running one family ----------------------------------------------------------
 
     def _run(self, cases: list[Case], alphas: list[float], seed: int, speculation: bool = True,
-             engine: IsolatedEngine | None = None, fresh: bool = False) -> list[CaseRun]:
+             engine: IsolatedEngine | None = None, fresh: bool = False, max_samples: int | None = None) -> list[CaseRun]:
         """Run a family. ``fresh``: on a newly started engine process of its own (closed
-        afterwards), never a swapped one: what confirmations of a failure use."""
+        afterwards), never a swapped one: what confirmations of a failure use. ``max_samples``:
+        per pattern (default: the campaign's --samples)."""
         if fresh:
             # One engine for fresh starts, kept between them where the engine restarts
             # in-process (cheap); closed after use where a fresh start is a new process
@@ -587,7 +604,7 @@ class Campaign:
         try:
             runs = run_family(
                 eng, cases, ckpt_root=Path(self.cfg.work_dir) / "checkpoints", alphas=alphas,
-                max_samples=self.cfg.max_samples, batch=self.cfg.batch, seed=seed, speculation=speculation,
+                max_samples=max_samples or self.cfg.max_samples, batch=self.cfg.batch, seed=seed, speculation=speculation,
                 profile=self._profile, dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings), fresh=fresh,
                 call_prompt_tokens=split,
             )
@@ -672,6 +689,61 @@ class Campaign:
     def _add_calibration(self, entry: Entry, path: Path) -> None:
         self.calibration_entries.setdefault(calibration_key(str(entry.engine.get("name")), entry.case), path)
 
+    def _add_finding(self, entry: Entry, path: Path) -> None:
+        method = (entry.case.get("spec") or {}).get("method")
+        if entry.kind == "finding" and method:
+            key = (str(entry.engine.get("name")), str(method), tuple(active_features(entry.case)))
+            self.finding_entries.setdefault(key, (path, entry.label))
+
+    def _known_finding(self, run: CaseRun, seed: int) -> bool:
+        """Whether a speculative candidate is a stored speculation finding met again under more
+        sampling settings.
+
+        A stored finding of this engine and speculation method whose sampling features are the
+        candidate's, or some of them (and whose attribution does not differ from the
+        candidate's where both are attributed): the candidate reduced to those features (the
+        others back at their defaults: the case the stored bug is met on, with this table,
+        prompt and speculation config) runs on the running engine at the screening level. If
+        it fails, the candidate is that finding met again: the entry is marked seen again (once
+        per run, after a confirmation at the next α_j on the same engine, as any known bug)
+        and the candidate is not confirmed afresh, shrunk or stored as a variant. (On the H200,
+        2026-12-03, SGLang's STANDALONE bug with min_p and a frequency penalty was stored, then
+        confirmed again with a presence penalty too, its shrink cut short by the run's end.)
+        The stored bug masks a second one only while the stored one is not fixed: a variant
+        whose reduction passes goes on as any candidate."""
+        case_json = run.case.to_json()
+        method = (case_json.get("spec") or {}).get("method")
+        if not method or not self.finding_entries:
+            return False
+        name = str(self.engine.version().get("name"))
+        feats = set(active_features(case_json))
+        label = attributed_label(run)
+        matches = sorted(((len(k[2]), k) for k in self.finding_entries
+                          if k[0] == name and k[1] == method and set(k[2]) <= feats), reverse=True)
+        for _, key in matches:
+            path, stored_label = self.finding_entries[key]
+            if label not in (None, "unknown") and stored_label not in (None, "unknown") and label != stored_label:
+                continue
+            try:
+                case = Case.from_json(reduced_to_features(case_json, key[2]))
+                reduced = self._run([case], [self.cfg.screen_alpha], seed, speculation=True)[0]
+            except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError):
+                continue
+            self.stats.finding_checks += 1
+            if reduced.crash is not None or not reduced.failed:
+                continue
+            if key not in self.findings_seen_again:
+                if not self._confirm(reduced, True, engine=self.engine)[0].failed:
+                    continue
+                self.findings_seen_again.add(key)
+                if self._mark_seen(path):
+                    self.stats.findings_updated += 1
+                self.on_event(f"speculation finding seen again (the candidate fails reduced to its features): {path.name}",
+                              self.stats)
+            self.stats.findings_known += 1
+            return True
+        return False
+
     def _known_calibration(self, run: CaseRun, seed: int) -> bool:
         """Whether a speculative candidate is a stored calibration bug met again.
 
@@ -745,7 +817,7 @@ class Campaign:
         j, a = self.ledger.spend()
         t0 = time.monotonic()
         conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=engine is None,
-                         engine=engine)[0]
+                         engine=engine, max_samples=confirmation_samples(run, a, self.cfg.max_samples))[0]
         self.stats.confirmations += 1
         self.stats.confirmed += int(conf.failed)
         self.stats.unconfirmed_s += 0.0 if conf.failed else time.monotonic() - t0  # engine start included
@@ -936,7 +1008,9 @@ class Campaign:
         small, conf2, j2, res = self._greedy_shrink(run, conf, j, speculation, budget_s=budget,
                                                      seed=self.search_index * 7919 + 17)
         if small is run:
-            return found
+            # nothing kept (or what was kept did not confirm): Hypothesis's smallest, confirmed
+            # now if the search left it unconfirmed
+            return found if conf is not None else self._confirm_smallest(found)
         self.on_event(f"greedy shrink: {'; '.join(res.steps)}", self.stats)
         return [small.case], small, conf2, j2
 
@@ -1067,6 +1141,8 @@ class Campaign:
                         self.seen_again.add(sig)
                         self._update_known(r)
                     continue
+                if not label_of_first and speculation and self._known_finding(r, next_seed()):
+                    continue  # a stored speculation finding, met under more sampling settings
                 if label_of_first:
                     # While shrinking a confirmed failure, a smaller one of the same bug counts on
                     # the screening test on the running engine; only the smallest is confirmed on
@@ -1136,18 +1212,25 @@ class Campaign:
                 # mixed in each call as it crashed.
                 fam, crash = self._greedy_shrink_crash(fam, crash, speculation)
             self._record_crash(fam[0], crash, fam, shrunk=True)
-        if confirmed and confirmed[-1][2] is None:
-            # The smallest failure Hypothesis kept, confirmed on a freshly started engine at the
-            # next α_j like any candidate; if it does not confirm, the smallest confirmed one is kept.
-            self._extend_watchdog()
-            fam, r, _, _ = confirmed[-1]
-            conf, j = self._confirm(r, speculation and not self._spec_off_found)
-            confirmed = [c for c in confirmed if c[2] is not None]
-            if conf.failed:
-                confirmed.append((fam, r, conf, j))
-            else:
-                self.on_event("the smallest failure did not confirm on a fresh engine: the smallest confirmed one is kept", self.stats)
+        # The smallest failure Hypothesis kept is returned unconfirmed (its confirmation None):
+        # the greedy shrinker goes on from it, and only the smallest case that one keeps is
+        # confirmed on a fresh engine (_greedy_shrink_found): one fresh start per shrunk failure
+        # instead of two (~30 s each for SGLang on the H200). The smallest confirmed one is the
+        # fallback where neither confirms.
+        self._found_fallback = next((c for c in reversed(confirmed) if c[2] is not None), None)
         return confirmed[-1] if confirmed else None
+
+    def _confirm_smallest(self, found: tuple) -> tuple | None:
+        """The smallest failure Hypothesis kept (unconfirmed), confirmed on a freshly started
+        engine at the next α_j like any candidate; if it does not confirm, the smallest
+        confirmed one of the search is kept."""
+        self._extend_watchdog()
+        fam, r, _, _ = found
+        conf, j = self._confirm(r, self._found_speculation())
+        if conf.failed:
+            return fam, r, conf, j
+        self.on_event("the smallest failure did not confirm on a fresh engine: the smallest confirmed one is kept", self.stats)
+        return self._found_fallback
 
     def _crashing_pattern(self, family: list[Case], crash: EngineCrash, seed: int, speculation: bool):
         """The first pattern of a shrunk crashing family that crashes the same way alone
@@ -1237,6 +1320,7 @@ class Campaign:
         self.stats.findings_updated += int(not new)
         if entry.kind == "calibration":
             self._add_calibration(entry, path)
+        self._add_finding(entry, path)
         if new:
             self.stats.stored.append(path.name)
         self.on_event(f"stored {entry.kind} {path.name} ({entry.label}){how}", self.stats)
@@ -1334,6 +1418,7 @@ class Campaign:
                     if armed:  # shrinking, calibrating and storing may overrun the budget a little
                         signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + self._shrink_cap_s() + 120)
                     found = self._greedy_shrink_found(found, self._found_speculation())
+                if found is not None:
                     _, run, conf, j = found
                     self._store_failure(run, conf, j)
                     if armed:
@@ -1351,6 +1436,24 @@ class Campaign:
             self._drain_events()
             self._save_state()
         return self.stats
+
+
+def confirmation_samples(run: CaseRun, alpha: float, samples: int) -> int:
+    """Most samples of a confirmation at level ``alpha`` of a candidate whose screening run is
+    ``run``, where every family samples ``samples`` at most: the samples at which the run's
+    evidence, growing at the rate it showed, would reach 1/alpha (with CONFIRM_MARGIN), between
+    ``samples`` and CONFIRM_MAX_FACTOR x ``samples``. A candidate screened at 1e-3 with 1000
+    samples and confirmed at an α_j of 1e-9 needs about three times the evidence: with only
+    ``samples`` its confirmation often did not reach its level, a fresh engine start spent for
+    nothing (SGLang on the H200: ~30 s each). The test is anytime-valid and stops at its level,
+    so a decisive failure (an output μ forbids) still stops at once; sizing the confirmation
+    from an earlier, independent run does not change its false-alarm level."""
+    j = run.judgement
+    log_e = None if j is None else j.verdict.log_e
+    if log_e is None or not math.isfinite(log_e) or log_e <= 0 or run.n <= 0 or not 0 < alpha < 1:
+        return samples
+    need = math.ceil(CONFIRM_MARGIN * run.n * math.log(1 / alpha) / log_e)
+    return int(min(CONFIRM_MAX_FACTOR * samples, max(samples, need)))
 
 
 def attributed_label(run: CaseRun) -> str | None:

@@ -181,14 +181,15 @@ class ActorCampaign(Campaign):
             return []
         return [line for line in text.splitlines() if line.strip()]
 
-    def _run(self, cases, alphas, seed, speculation=True, engine=None, fresh=False):
+    def _run(self, cases, alphas, seed, speculation=True, engine=None, fresh=False, max_samples=None):
         role = "calibration" if engine is not None and engine is self._spec_off_engine else ("fresh" if fresh else "search")
         _get(self.hub.begin_family.remote(self.key, {
             "cases": [c.to_json() for c in cases], "speculation": speculation, "role": role,
             "search": self.search_index, "engine": self._version_or_name(),
         }))
         try:
-            return super()._run(cases, alphas, seed, speculation=speculation, engine=engine, fresh=fresh)
+            return super()._run(cases, alphas, seed, speculation=speculation, engine=engine, fresh=fresh,
+                                max_samples=max_samples)
         finally:
             self.hub.end_family.remote(self.key)
 

@@ -230,9 +230,9 @@ def test_campaign_state_of_a_newer_schema_is_refused_and_left_alone(tmp_path):
 class _SeedLog(Campaign):
     """The campaign, recording the α and first seed of every run it makes."""
 
-    def _run(self, cases, alphas, seed, speculation=True, engine=None, fresh=False):
+    def _run(self, cases, alphas, seed, speculation=True, engine=None, fresh=False, max_samples=None):
         self.runs_seen.append((tuple(alphas), seed))
-        return super()._run(cases, alphas, seed, speculation, engine, fresh)
+        return super()._run(cases, alphas, seed, speculation, engine, fresh, max_samples)
 
 
 @pytest.mark.slow

@@ -34,11 +34,25 @@ def _campaign(tmp_path: Path, budget: float, **kw) -> tuple[Campaign, object]:
 
 
 @pytest.mark.slow
-def test_campaign_finds_shrinks_and_attributes_an_injected_bug(tmp_path):
+def test_campaign_finds_shrinks_and_attributes_an_injected_bug(tmp_path, monkeypatch):
+    confirmations: list[tuple[dict, bool]] = []
+    confirm = Campaign._confirm
+
+    def spy(self, run, speculation, engine=None):
+        conf, j = confirm(self, run, speculation, engine)
+        if engine is None:  # on a fresh engine
+            confirmations.append((run.case.to_json(), conf.failed))
+        return conf, j
+
+    monkeypatch.setattr(Campaign, "_confirm", spy)
     _, stats = _campaign(tmp_path, 60, engine_kwargs={"inject": "N6"}, seed=1)
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
     e = found[0]
+    # One fresh confirmation of the candidate, one of the smallest case both shrinkers kept
+    # (what is stored): Hypothesis's smallest is not confirmed on its own fresh engine first.
+    confirmed = [c for c, failed in confirmations if failed]
+    assert 1 <= len(confirmed) <= 2 and confirmed[-1] == e.case, [len(confirmations), len(confirmed)]
     assert e.label == "N6"
     assert e.calibration["status"] != "fail"  # the same engine with speculation off agrees with μ
     case = e.case
@@ -65,9 +79,10 @@ def test_calibration_campaign_with_speculation_off_stores_nothing(tmp_path):
 @pytest.mark.slow
 def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatch):
     # Where confirmations (fresh engine starts) are made: Hypothesis's shrink candidates are
-    # screened on the running engine, and only the smallest one is confirmed afresh, by the
-    # search once it ends (a fresh start per candidate took 17 confirmations here, and on the
-    # H200, at 25-60 s each, left one or two candidates per shrink).
+    # screened on the running engine, its smallest goes on unconfirmed to the greedy shrinker,
+    # and only the smallest case the two keep is confirmed afresh (a fresh start per candidate
+    # took 17 confirmations here, and on the H200, at 25-60 s each, left one or two candidates
+    # per shrink; confirming Hypothesis's smallest on its own fresh engine cost one more).
     calls: list[str] = []
     confirm = Campaign._confirm
 
@@ -80,7 +95,9 @@ def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatc
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
     assert found[0].label == "unknown"
-    assert "_search" in calls, calls  # the smallest shrink candidate, confirmed on a fresh engine
+    # the candidate's confirmation, then one of what the shrinkers kept (none by the search itself)
+    assert "_search" not in calls and "run_example" in calls, calls
+    assert {"_greedy_shrink", "_confirm_smallest"} & set(calls), calls
     assert stats.candidates > stats.confirmations, (stats.candidates, calls)
     case = found[0].case
     assert len(case["target_table"]) <= 3 and case["params"]["max_tokens"] <= 2

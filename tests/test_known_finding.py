@@ -1,0 +1,123 @@
+"""A stored speculation finding met again under more sampling settings (Campaign._known_finding):
+a candidate of the finding's method whose features include the finding's and that fails
+reduced to them is that finding seen again, not a new entry to confirm afresh and shrink."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specfuzz.case import Case
+from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+from specfuzz.fuzz.corpus import Corpus, Entry
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _case(method: str = "ngram", **params) -> Case:
+    base = Case.from_json(json.loads((REPO / "corpus" / "regression" / "regression-N6.json").read_text())["case"])
+    table = np.array([[1.0, 0.0, 0.5, -0.5]] * 4, dtype=np.float32)
+    spec = base.spec.__class__.from_json({**base.spec.to_json(), "method": method})
+    return base.with_(target_table=table, params=base.params.__class__.from_json({**base.params.to_json(), **params}),
+                      spec=spec, draft_table=table.copy() if method == "draft_model" else None)
+
+
+def _store_finding(corpus: Path, engine_name: str, case: Case, label: str | None = "unknown") -> Path:
+    entry = Entry(kind="finding", engine={"name": engine_name}, case=case.to_json(), evidence="stored by the test",
+                  attribution=None if label is None else {"label": label})
+    path, new = Corpus(corpus).store(entry)
+    assert new
+    return path
+
+
+def _campaign(tmp_path: Path, corpus: Path, **kw) -> Campaign:
+    camp = Campaign(CampaignConfig(corpus_dir=corpus, work_dir=tmp_path / "work", budget_s=60, **kw))
+    camp._profile = camp.engine.capabilities().profile  # as a search's start shape sets it
+    return camp
+
+
+def test_a_stored_finding_met_with_more_sampling_settings_is_seen_again_and_not_stored(tmp_path):
+    corpus = tmp_path / "corpus"
+    stored = _store_finding(corpus, "reference+N6", _case())
+    camp = _campaign(tmp_path, corpus, engine_kwargs={"inject": "N6"})
+    try:
+        run = camp._run([_case(temperature=0.9, presence_penalty=0.5)], [camp.cfg.screen_alpha], seed=11)[0]
+        assert run.failed  # the candidate a search would confirm and shrink
+        assert camp._known_finding(run, seed=12)
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        assert camp.stats.findings_known == 1 and camp.stats.confirmations == 1
+        assert camp._fresh_engine is None  # confirmed on the running engine, as a known bug
+        # met again in the same run: recognised, marked (and confirmed) once per run
+        assert camp._known_finding(run, seed=13)
+        assert camp.stats.findings_known == 2 and camp.stats.confirmations == 1
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        # another method, or a feature the candidate does not have: nothing is run
+        checks = camp.stats.finding_checks
+        other = camp._run([_case("draft_model", temperature=0.9)], [camp.cfg.screen_alpha], seed=14)[0]
+        assert not camp._known_finding(other, seed=15)
+        top_k = _store_finding(tmp_path / "other", "reference+N6", _case(top_k=2))
+        camp.finding_entries.clear()
+        camp._add_finding(Entry.from_json(json.loads(top_k.read_text())), top_k)
+        assert not camp._known_finding(run, seed=16)
+        assert camp.stats.finding_checks == checks and camp.stats.findings_known == 2
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def test_a_candidate_whose_reduction_to_a_stored_finding_passes_goes_on_as_a_new_one(tmp_path):
+    """The temperature bug (the engine samples at temperature 1 whatever the request says)
+    with speculation on: a candidate at temperature 0.5 fails, while the stored finding's
+    features (none) put it back at temperature 1, where this engine is right: not that
+    finding. An attribution other than the stored one's is not tried at all."""
+    corpus = tmp_path / "corpus"
+    stored = _store_finding(corpus, "temperature-bug", _case())
+    camp = _campaign(tmp_path, corpus, engine="example_engines:TemperatureBugEngine")
+    try:
+        run = camp._run([_case(temperature=0.5)], [camp.cfg.screen_alpha], seed=21)[0]
+        assert run.failed
+        assert not camp._known_finding(run, seed=22)
+        assert camp.stats.finding_checks == 1 and camp.stats.findings_known == 0 and camp.stats.confirmations == 0
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 1
+        n6 = _store_finding(tmp_path / "other", "temperature-bug", _case(), label="N6")
+        camp.finding_entries.clear()
+        camp._add_finding(Entry.from_json(json.loads(n6.read_text())), n6)
+        j = run.judgement
+        n3 = dataclasses.replace(run, judgement=dataclasses.replace(j, attribution=dataclasses.replace(j.attribution, label="N3")))
+        assert not camp._known_finding(n3, seed=23) and camp.stats.finding_checks == 1
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def test_hypothesis_smallest_failure_is_confirmed_once_with_what_the_greedy_shrinker_kept(tmp_path, monkeypatch):
+    """The smallest failure Hypothesis kept reaches the greedy shrinker unconfirmed (the
+    search returns it with no confirmation), and only the case the greedy shrinker keeps is
+    confirmed on a fresh engine: one fresh start, not one for each shrinker's result."""
+    fresh: list[tuple[dict, bool]] = []
+    confirm = Campaign._confirm
+
+    def spy(self, run, speculation, engine=None):
+        conf, j = confirm(self, run, speculation, engine)
+        if engine is None:
+            fresh.append((run.case.to_json(), conf.failed))
+        return conf, j
+
+    monkeypatch.setattr(Campaign, "_confirm", spy)
+    camp = _campaign(tmp_path, tmp_path / "corpus", engine_kwargs={"inject": "N6"})
+    try:
+        big = _case(temperature=0.9, presence_penalty=0.5)  # V=4, 3 tokens, a 3-token prompt
+        run = camp._run([big], [camp.cfg.screen_alpha], seed=31)[0]
+        assert run.failed
+        first, j = camp._confirm(run, True)  # the candidate's own confirmation, before shrinking
+        assert first.failed and len(fresh) == 1
+        camp._found_fallback = ([big], run, first, j)
+        camp._shrink_started = 0.0
+        fam, small, conf, j2 = camp._greedy_shrink_found(([big], run, None, 0), True)
+        assert len(fresh) == 2 and conf is not None and conf.failed and j2 == 2  # one more fresh confirmation
+        assert fresh[-1][0] == small.case.to_json() != big.to_json()  # of the smaller case the shrinker kept
+        assert len(small.case.target_table) < 4 or len(small.case.prompt) < 3 or small.case.params.max_tokens < 3
+    finally:
+        for e in camp._engines:
+            e.close()
