@@ -428,7 +428,7 @@ class Campaign:
         # The stored speculation findings of each (engine name, method, sampling features): a
         # speculative candidate of that method whose features include a finding's and that
         # fails reduced to them is that finding met again (_known_finding).
-        self.finding_entries: dict[tuple[str, str, tuple[str, ...]], tuple[Path, str | None]] = {}
+        self.finding_entries: dict[tuple[str, str, tuple[str, ...]], tuple[Path, str | None, str]] = {}
         for path, e in self.corpus.entries():
             if isinstance(e, Entry) and e.kind == "finding":
                 self._add_finding(e, path)
@@ -693,7 +693,7 @@ class Campaign:
         method = (entry.case.get("spec") or {}).get("method")
         if entry.kind == "finding" and method:
             key = (str(entry.engine.get("name")), str(method), tuple(active_features(entry.case)))
-            self.finding_entries.setdefault(key, (path, entry.label))
+            self.finding_entries.setdefault(key, (path, entry.label, entry.signature))
 
     def _known_finding(self, run: CaseRun, seed: int) -> bool:
         """Whether a speculative candidate is a stored speculation finding met again under more
@@ -721,7 +721,7 @@ class Campaign:
         matches = sorted(((len(k[2]), k) for k in self.finding_entries
                           if k[0] == name and k[1] == method and set(k[2]) <= feats), reverse=True)
         for _, key in matches:
-            path, stored_label = self.finding_entries[key]
+            path, stored_label, stored_sig = self.finding_entries[key]
             if label not in (None, "unknown") and stored_label not in (None, "unknown") and label != stored_label:
                 continue
             try:
@@ -732,10 +732,11 @@ class Campaign:
             self.stats.finding_checks += 1
             if reduced.crash is not None or not reduced.failed:
                 continue
-            if key not in self.findings_seen_again:
+            if key not in self.findings_seen_again and stored_sig not in self.seen_again:
                 if not self._confirm(reduced, True, engine=self.engine)[0].failed:
                     continue
                 self.findings_seen_again.add(key)
+                self.seen_again.add(stored_sig)  # marked once per run, by whichever check meets it first
                 if self._mark_seen(path):
                     self.stats.findings_updated += 1
                 self.on_event(f"speculation finding seen again (the candidate fails reduced to its features): {path.name}",

@@ -52,6 +52,7 @@ def test_a_stored_finding_met_with_more_sampling_settings_is_seen_again_and_not_
         assert camp._known_finding(run, seed=13)
         assert camp.stats.findings_known == 2 and camp.stats.confirmations == 1
         assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        assert Entry.from_json(json.loads(stored.read_text())).signature in camp.seen_again  # not marked again by its signature
         # another method, or a feature the candidate does not have: nothing is run
         checks = camp.stats.finding_checks
         other = camp._run([_case("draft_model", temperature=0.9)], [camp.cfg.screen_alpha], seed=14)[0]
