@@ -422,17 +422,14 @@ class Campaign:
         # and sampling features, any speculation method): a speculative candidate that fails
         # with speculation off too and shares a key is that entry seen again (_known_calibration).
         self.calibration_entries: dict[tuple[str, tuple[str, ...]], Path] = {}  # (engine name, features) -> entry
-        for path, e in self.corpus.entries():
-            if isinstance(e, Entry) and e.kind == "calibration":
-                self._add_calibration(e, path)
         # The stored speculation findings of each (engine name, method, sampling features): a
         # speculative candidate of that method whose features include a finding's and that
         # fails reduced to them is that finding met again (_known_finding).
         self.finding_entries: dict[tuple[str, str, tuple[str, ...]], tuple[Path, str | None, str]] = {}
         for path, e in self.corpus.entries():
-            if isinstance(e, Entry) and e.kind == "finding":
+            if isinstance(e, Entry):
+                self._add_calibration(e, path)
                 self._add_finding(e, path)
-        self.findings_seen_again: set[tuple[str, str, tuple[str, ...]]] = set()
         self.crash_entries: dict[str, Path] = {}
         for path, e in sorted(self.corpus.entries(), key=lambda pe: isinstance(pe[1], Entry) and pe[1].extra.get("shrunk") is True):
             if isinstance(e, Entry) and e.kind == "crash":
@@ -687,7 +684,8 @@ class Campaign:
         return mark_seen_again(path)
 
     def _add_calibration(self, entry: Entry, path: Path) -> None:
-        self.calibration_entries.setdefault(calibration_key(str(entry.engine.get("name")), entry.case), path)
+        if entry.kind == "calibration":
+            self.calibration_entries.setdefault(calibration_key(str(entry.engine.get("name")), entry.case), path)
 
     def _add_finding(self, entry: Entry, path: Path) -> None:
         method = (entry.case.get("spec") or {}).get("method")
@@ -732,10 +730,9 @@ class Campaign:
             self.stats.finding_checks += 1
             if reduced.crash is not None or not reduced.failed:
                 continue
-            if key not in self.findings_seen_again and stored_sig not in self.seen_again:
+            if stored_sig not in self.seen_again:
                 if not self._confirm(reduced, True, engine=self.engine)[0].failed:
                     continue
-                self.findings_seen_again.add(key)
                 self.seen_again.add(stored_sig)  # marked once per run, by whichever check meets it first
                 if self._mark_seen(path):
                     self.stats.findings_updated += 1
@@ -1221,7 +1218,7 @@ class Campaign:
         self._found_fallback = next((c for c in reversed(confirmed) if c[2] is not None), None)
         return confirmed[-1] if confirmed else None
 
-    def _confirm_smallest(self, found: tuple) -> tuple | None:
+    def _confirm_smallest(self, found: tuple) -> tuple:
         """The smallest failure Hypothesis kept (unconfirmed), confirmed on a freshly started
         engine at the next α_j like any candidate; if it does not confirm, the smallest
         confirmed one of the search is kept."""
@@ -1319,8 +1316,7 @@ class Campaign:
         self.known.add(entry.signature)
         self.stats.findings_new += int(new)
         self.stats.findings_updated += int(not new)
-        if entry.kind == "calibration":
-            self._add_calibration(entry, path)
+        self._add_calibration(entry, path)
         self._add_finding(entry, path)
         if new:
             self.stats.stored.append(path.name)
@@ -1419,7 +1415,6 @@ class Campaign:
                     if armed:  # shrinking, calibrating and storing may overrun the budget a little
                         signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + self._shrink_cap_s() + 120)
                     found = self._greedy_shrink_found(found, self._found_speculation())
-                if found is not None:
                     _, run, conf, j = found
                     self._store_failure(run, conf, j)
                     if armed:
