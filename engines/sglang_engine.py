@@ -22,9 +22,7 @@ check against ``dataclasses.fields(ServerArgs)``: a key this SGLang version lack
 dropped is left out instead). Adapter-only keys: ``shutdown_timeout_s`` (default 10),
 ``env`` (environment variables set while the engine starts; its processes inherit them),
 ``swap`` (the parts a started engine may load in place, a subset of ``("target", "draft",
-"head")``, default all: ``Capabilities.swap``), ``child_start`` (how SGLang's scheduler and
-detokenizer processes start: ``"spawn"``, SGLang's own way, or ``"forkserver"``, forked from a
-server that imported them ahead: :mod:`specfuzz.engines.sglang_procs`). ``speculative_*`` keys apply to speculative
+"head")``, default all: ``Capabilities.swap``). ``speculative_*`` keys apply to speculative
 runs only: with speculation off they are left out (recorded in ``ignored_settings``), so one
 site-wide ``SPECFUZZ_SGLANG_SETTINGS`` serves a case and its speculation-off calibration.
 The keys the speculation mapping sets (:data:`MAPPED_SPEC_KEYS`) are refused in settings.
@@ -87,7 +85,6 @@ from specfuzz.engines.sglang_mapping import (  # noqa: F401 - re-exported: the a
     compare_rows, completion_from_output, mismatch_summary, row_prompts, sampling_params_dict, speculative_kwargs,
     split_settings,
 )
-from specfuzz.engines.sglang_procs import CHILD_STARTS, sglang_children
 from specfuzz.engines.vllm_engine import LogitsReport
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.speculative import SpecConfig
@@ -108,9 +105,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "log_level": "error",
 }
 # Settings the adapter consumes itself (everything else goes to sglang.Engine).
-_OWN_SETTINGS = ("shutdown_timeout_s", "env", "swap", "child_start")
-# How SGLang's scheduler and detokenizer processes start (engines/sglang_procs.py).
-DEFAULT_CHILD_START = "spawn"
+_OWN_SETTINGS = ("shutdown_timeout_s", "env", "swap")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
@@ -120,14 +115,6 @@ def _swap_setting(settings: Mapping[str, Any]) -> frozenset[str]:
     if isinstance(v, str) or not isinstance(v, (list, tuple, set, frozenset)) or not set(v) <= SWAPPABLE:
         raise InvalidInput("settings['swap']", v, f"a list of parts from {sorted(SWAPPABLE)} (empty: no swaps)")
     return frozenset(v)
-
-
-def child_start_setting(settings: Mapping[str, Any]) -> str:
-    """The ``child_start`` setting (how SGLang's own processes start); InvalidInput when bad."""
-    v = settings.get("child_start", DEFAULT_CHILD_START)
-    if v not in CHILD_STARTS:
-        raise InvalidInput("settings['child_start']", v, f"one of {list(CHILD_STARTS)}")
-    return str(v)
 
 
 def unknown_server_args(keys: Sequence[str], fields: frozenset[str]) -> list[str]:
@@ -330,7 +317,6 @@ class SGLangEngine(Engine):
         t = settings.get("shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
             raise InvalidInput("settings['shutdown_timeout_s']", t, "a number of seconds > 0")
-        child_start_setting(settings)
         env = settings.get("env") or {}
         if not isinstance(env, Mapping):
             raise InvalidInput("settings['env']", env, "a dict of environment variables")
@@ -378,11 +364,6 @@ class SGLangEngine(Engine):
         import sglang  # noqa: F401
         from sglang.srt.entrypoints.engine import Engine  # noqa: F401
         from sglang.srt.server_args import ServerArgs  # noqa: F401
-
-        if child_start_setting(self._default_settings) == "forkserver":
-            from specfuzz.engines import sglang_procs
-
-            sglang_procs.warm()
 
     def start(self, config: EngineConfig) -> None:
         """Start SGLang on ``config``; raise InvalidInput (before starting) for a bad config."""
@@ -433,8 +414,7 @@ class SGLangEngine(Engine):
                 msg = " ".join(str(exc).strip().split())[:600]
                 raise InvalidInput("engine config", _short_config(kwargs), f"a config SGLang accepts (SGLang said: {msg})") from None
             try:
-                with sglang_children(child_start_setting(settings)):
-                    self._engine = sglang.Engine(server_args=server_args)
+                self._engine = sglang.Engine(server_args=server_args)
             except BaseException:
                 _kill_pids(_child_pids() - before)
                 raise
