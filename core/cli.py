@@ -326,8 +326,8 @@ def _fuzz_on_ray(cfg, address: str, engines, gpus_per_engine, cpus_per_engine, d
 
 
 # Each campaign process runs up to this many engines at once (searching, speculation-off
-# calibration, a fresh confirmation engine, the next search's prestarted engine).
-ENGINES_PER_WORKER = 4
+# calibration, a fresh confirmation engine, the next search's prestarted engines: speculation on and off).
+ENGINES_PER_WORKER = 5
 # The share of a GPU that specfuzz's engines may use in all.
 DEVICE_SHARE = 0.8
 # The engine setting that sizes an engine's share of the GPU, per built-in engine.
@@ -337,7 +337,7 @@ MEMORY_SETTING = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_stat
 def _device_share(engine: str, workers: int, given: tuple[str, ...], prestart: bool | None = None) -> dict:
     """Settings that split one GPU between ``workers`` campaign processes (none when the
     engine has no such setting, there is no GPU, or the user or site sized it already);
-    ``prestart`` False: one engine fewer per worker."""
+    ``prestart`` False: two engines fewer per worker (no prestarted ones)."""
     import os
 
     key = MEMORY_SETTING.get(engine)
@@ -353,7 +353,7 @@ def _device_share(engine: str, workers: int, given: tuple[str, ...], prestart: b
             return {}
     except ImportError:
         return {}
-    per_worker = ENGINES_PER_WORKER - (1 if prestart is False else 0)
+    per_worker = ENGINES_PER_WORKER - (2 if prestart is False else 0)
     return {key: round(DEVICE_SHARE / (per_worker * workers), 4)}
 
 

@@ -339,6 +339,7 @@ class CampaignStats:
     calibration_known: int = 0  # ... that failed there too: a stored calibration bug met again, not shrunk
     finding_checks: int = 0  # candidates run reduced to a stored speculation finding's features (same method)
     findings_known: int = 0  # ... that failed so reduced: a stored speculation finding met again, not shrunk
+    shrunk_known: int = 0  # shrunk failures that were a stored speculation finding (not confirmed afresh, not stored)
     rescreened_out: int = 0  # candidates that passed when screened again alone on the running engine (no fresh start)
     unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
     budget: object = None  # the α ledger's ConfirmationBudget, as last read
@@ -527,17 +528,7 @@ class Campaign:
         in the engine's update path) is stored as a ``swap`` entry."""
         for e in self._engines:
             while e.events:
-                ev = dict(e.events.pop(0))
-                ev["time"] = time.time()
-                ev["search"] = self.search_index
-                if self.shape is not None:
-                    ev["shape"] = self.shape.describe()
-                try:
-                    self.state_dir.mkdir(parents=True, exist_ok=True)
-                    with open(self.events_path, "a") as f:
-                        f.write(json.dumps(ev, default=str) + "\n")
-                except OSError:
-                    pass
+                ev = self._log_event(e.events.pop(0))
                 name = str(ev.get("event"))
                 if name.startswith("prestarted engine"):
                     what = ev.get("detail") or ", ".join(f"{k} {ev[k]}" for k in ("seconds", "requests") if k in ev)
@@ -547,6 +538,22 @@ class Campaign:
                 if ev.get("stale_weights") and case is not None:
                     self.totals["engine"]["stale_weights"] += 1
                     self._store_stale_weights(case, ev)
+
+    def _log_event(self, event: dict) -> dict:
+        """One line in the campaign log (``.specfuzz/events.jsonl``), with the time, search and
+        start shape; returns the line's record."""
+        ev = dict(event)
+        ev["time"] = time.time()
+        ev["search"] = self.search_index
+        if self.shape is not None:
+            ev["shape"] = self.shape.describe()
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.events_path, "a") as f:
+                f.write(json.dumps(ev, default=str) + "\n")
+        except OSError:
+            pass
+        return ev
 
     def _store_stale_weights(self, case: Case, ev: dict) -> None:
         try:
@@ -642,6 +649,15 @@ class Campaign:
                                 speculation=shape.spec is not None, settings=dict(self.cfg.engine_settings))
             if self.engine.prestart(cfg):
                 self.on_event(f"prestarting the engine of search {index}: {shape.describe()}", self.stats)
+            if shape.spec is not None and self._spec_off_engine is not None and self._spec_off_engine.starts > 0:
+                # The speculation-off engine of that shape too, once candidates have needed one:
+                # a search's first candidate checks speculation off (and known calibration bugs)
+                # on it, and a start per search for it was 295 of 2,027 worker-s of a SGLang
+                # campaign on the H200 (2026-12-04: 13 starts of ~22 s).
+                off = engine_config(fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
+                                    speculation=False, settings=dict(self.cfg.engine_settings))
+                if self._spec_off_engine.prestart(off):
+                    self.on_event(f"prestarting the speculation-off engine of search {index}", self.stats)
         except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, EngineCrash) as exc:
             self.on_event(f"no prestart for search {index}: {exc}", self.stats)
 
@@ -653,7 +669,7 @@ class Campaign:
         spec = cases[0].spec if speculation else None
         rec = {
             "time": round(time.time(), 3), "worker": self.cfg.worker, "search": self.search_index, "role": "fresh" if fresh else (
-                "calibration" if eng is self._spec_off_engine else "search"),
+                "calibration" if eng is self._spec_off_engine else "shrink" if self._shrinking else "search"),
             "method": None if spec is None else spec.method, "engine_default": bool(spec is not None and spec.engine_default),
             "V": cases[0].vocab_size, "patterns": len(cases), "samples": sum(r.n for r in runs),
             "features": sorted({f for c in cases for f in active_features(c.to_json())}),
@@ -939,13 +955,16 @@ class Campaign:
         speculation off: otherwise it is a calibration bug, handled with speculation off)."""
         return not self.cfg.calibration_only and not self._spec_off_found
 
-    def _greedy_shrink(self, run: CaseRun, conf: CaseRun, j: int, speculation: bool, *, budget_s: float, seed: int):
+    def _greedy_shrink(self, run: CaseRun, conf: CaseRun, j: int, speculation: bool, *, budget_s: float, seed: int,
+                       known_check: bool = False):
         """A confirmed failure shrunk further by the greedy shrinker (fuzz/shrink.py: smaller
         vocabulary, which a search's start shape fixes, shorter prompt, fewer knobs; its
         candidates only choose, they store nothing), every reduction re-run on fresh samples and
         the result confirmed again on a freshly started engine (at the next α_j of the ledger).
         Returns (run, confirmation, j, shrink result): the shrunk ones, or the given ones when no
-        reduction was kept or the reduced case did not confirm with the same attribution."""
+        reduction was kept or the reduced case did not confirm with the same attribution.
+        ``known_check``: a kept speculation failure that is a stored finding (:meth:`_shrunk_known`)
+        is not confirmed afresh: (None, None, None, shrink result)."""
         from specfuzz.fuzz.shrink import entry_reproducer, shrink
 
         entry, eng = self._entry_for(run), self.engine
@@ -959,8 +978,14 @@ class Campaign:
         repro = entry_reproducer(entry, eng, work_dir=Path(self.cfg.work_dir),
                                  samples=self.cfg.max_samples, alpha=self.cfg.screen_alpha, seed=seed,
                                  dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None)
+        t0, starts = time.monotonic(), eng.starts
         res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation)
+        # Its candidates run through the reproducer, not as families: one line in the campaign log.
+        self._log_event({"event": "greedy shrink", "seconds": round(time.monotonic() - t0, 2), "starts": eng.starts - starts,
+                         "kept": bool(res.kept), "steps": list(res.steps)[:20]})
         if res.kept and res.last_run is not None and getattr(res.last_run, "judgement", None) is not None:
+            if known_check and speculation and self._shrunk_known(res.last_run, "the greedy shrinker's smallest failure"):
+                return None, None, None, res
             small, j2 = self._confirm(res.last_run, speculation)
             if small.failed and attributed_label(small) == attributed_label(run):
                 return res.last_run, small, j2, res
@@ -994,17 +1019,38 @@ class Campaign:
         self.on_event(f"greedy crash shrink: {'; '.join(res.steps)}", self.stats)
         return list(res.family), got
 
-    def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple:
+    def _shrunk_known(self, run: CaseRun, what: str) -> bool:
+        """Whether a speculation failure, shrunk, is a stored speculation finding
+        (:meth:`_known_finding`, on the running engine): checked before its fresh confirmation.
+        A candidate whose reduction to a stored finding's features passed in the search can
+        shrink to that finding: on the H200 (SGLang, 2026-12-04) an ngram candidate with five
+        sampling features passed reduced to finding-8b90's none, and its shrink (146 s of the
+        greedy shrinker, then a fresh confirmation and a speculation-off start, ~50 s) ended at
+        exactly 8b90's signature. One screening run on the running engine when it is not."""
+        if self.cfg.calibration_only or not self._found_speculation():
+            return False
+        if self._known_finding(run, self.search_index * 7919 + 43):
+            self.stats.shrunk_known += 1
+            self.on_event(f"{what} is a stored speculation finding met again: not confirmed afresh or stored", self.stats)
+            return True
+        return False
+
+    def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple | None:
         """What a search found and Hypothesis shrank, through :meth:`_greedy_shrink` for the
-        rest of the failure's shrinking cap. Returns (cases, run, conf, j)."""
+        rest of the failure's shrinking cap. Returns (cases, run, conf, j), or None where the
+        shrunk failure is a stored speculation finding met again (:meth:`_shrunk_known`)."""
         _, run, conf, j = found
+        if conf is None and speculation and self._shrunk_known(run, "Hypothesis's smallest failure"):
+            return None
         spent = time.monotonic() - self._shrink_started if self._shrink_started else 0.0
         # The rest of the failure's shrinking cap, even past the campaign's budget (as
         # calibrating and storing may overrun it): a finding is stored small or not at all
         # before the campaign ends. At least 20 s: a failure found late still gets a few candidates.
         budget = max(20.0, self._shrink_cap_s() - spent)
         small, conf2, j2, res = self._greedy_shrink(run, conf, j, speculation, budget_s=budget,
-                                                     seed=self.search_index * 7919 + 17)
+                                                     seed=self.search_index * 7919 + 17, known_check=True)
+        if small is None:
+            return None
         if small is run:
             # nothing kept (or what was kept did not confirm): Hypothesis's smallest, confirmed
             # now if the search left it unconfirmed
@@ -1415,8 +1461,9 @@ class Campaign:
                     if armed:  # shrinking, calibrating and storing may overrun the budget a little
                         signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + self._shrink_cap_s() + 120)
                     found = self._greedy_shrink_found(found, self._found_speculation())
-                    _, run, conf, j = found
-                    self._store_failure(run, conf, j)
+                    if found is not None:
+                        _, run, conf, j = found
+                        self._store_failure(run, conf, j)
                     if armed:
                         signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
                 self._pending_path().unlink(missing_ok=True)

@@ -32,7 +32,8 @@ def _stats_table(cfg, stats) -> Table:
     t.add_row("samples", f"{stats.samples:,}")
     t.add_row("findings", f"{stats.findings_new} new, {stats.findings_updated} seen again"
               + (f" ({stats.calibration_known} candidates were stored calibration bugs)" if getattr(stats, "calibration_known", 0) else "")
-              + (f" ({stats.findings_known} candidates were stored speculation findings under more settings)"
+              + (f" ({stats.findings_known} candidates were stored speculation findings under more settings"
+                 + (f", {stats.shrunk_known} of them once shrunk" if getattr(stats, "shrunk_known", 0) else "") + ")"
                  if getattr(stats, "findings_known", 0) else ""))
     for label, text in _alpha_rows(cfg, stats, elapsed):
         t.add_row(label, text)

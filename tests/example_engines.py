@@ -386,3 +386,21 @@ class RefusingRestartEngine(SlowRestartEngine):
         from specfuzz.engines.base import SwapUnsupported
 
         raise SwapUnsupported("this engine's only route into the draft also writes the target's lm_head")
+
+
+class SlowRestartTemperatureBugEngine(SlowRestartEngine):
+    """A SlowRestartEngine whose target sampler ignores the temperature, speculation on or off
+    (TemperatureBugEngine's calibration bug): searches meet candidates whose speculation-off
+    check needs the speculation-off engine, started in a new process (2 s) as a GPU engine's."""
+
+    name = "slow-restart-temperature-bug"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        import dataclasses
+
+        sent = [r if r.params.greedy else dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=1.0))
+                for r in requests]
+        return super().generate(sent)

@@ -122,3 +122,44 @@ def test_hypothesis_smallest_failure_is_confirmed_once_with_what_the_greedy_shri
     finally:
         for e in camp._engines:
             e.close()
+
+
+def test_a_failure_that_shrinks_to_a_stored_finding_is_not_confirmed_afresh_or_stored(tmp_path, monkeypatch):
+    """Hypothesis's smallest failure (unconfirmed) that is a stored speculation finding met
+    again: recognised on the running engine before the greedy shrinker and the fresh
+    confirmation (on the H200 a shrink that ended at a stored finding's signature cost ~200 s
+    of SGLang), the stored entry seen again, nothing new stored."""
+    fresh: list = []
+    confirm = Campaign._confirm
+
+    def spy(self, run, speculation, engine=None):
+        conf, j = confirm(self, run, speculation, engine)
+        if engine is None:
+            fresh.append(run.case.to_json())
+        return conf, j
+
+    monkeypatch.setattr(Campaign, "_confirm", spy)
+    corpus = tmp_path / "corpus"
+    stored = _store_finding(corpus, "reference+N6", _case())
+    camp = _campaign(tmp_path, corpus, engine_kwargs={"inject": "N6"})
+    try:
+        big = _case(temperature=0.9, presence_penalty=0.5)
+        run = camp._run([big], [camp.cfg.screen_alpha], seed=41)[0]
+        assert run.failed
+        camp._shrink_started = 0.0
+        assert camp._greedy_shrink_found(([big], run, None, 0), True) is None
+        assert fresh == [] and camp._fresh_engine is None  # no fresh engine started for it
+        assert camp.stats.shrunk_known == 1 and camp.stats.findings_known == 1
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        assert sorted(p.name for p in corpus.glob("*.json")) == [stored.name]
+        events = (corpus / ".specfuzz" / "events.jsonl")
+        assert not events.exists() or "greedy shrink" not in events.read_text()  # the greedy shrinker never ran
+        # with no stored finding it is met on, it goes on to the greedy shrinker and one fresh confirmation
+        camp.finding_entries.clear()
+        camp._found_fallback = None
+        fam, small, conf, _ = camp._greedy_shrink_found(([big], run, None, 0), True)
+        assert conf is not None and conf.failed and len(fresh) == 1 and camp.stats.shrunk_known == 1
+        assert any(json.loads(x)["event"] == "greedy shrink" for x in events.read_text().splitlines())
+    finally:
+        for e in camp._engines:
+            e.close()

@@ -247,3 +247,61 @@ def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkey
     assert stats.searches >= 3 and len(by_search) >= 3
     events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "swap refused" for e in events)
+
+
+def test_the_next_search_s_speculation_off_engine_is_prestarted_once_one_has_run(tmp_path):
+    """Once candidates have needed the speculation-off engine, the next search's one is
+    prestarted along with its search engine, and that search's speculation-off check takes it
+    by a swap instead of waiting for a start (on the H200, SGLang: ~22 s per search); before
+    any has run, none is prestarted."""
+    from specfuzz.engines.base import swap_key as key_of
+    from specfuzz.fuzz.campaign import simplest_family
+
+    cfg = CampaignConfig(engine=ENGINE, budget_s=60, corpus_dir=tmp_path / "c", methods=("draft_model", "ngram"),
+                         work_dir=tmp_path / "wd", max_samples=100, max_k=3, spare_engines=True, prestart=True)
+    camp = Campaign(cfg)
+    camp._profile = camp.engine.capabilities().profile
+    ck = tmp_path / "wd" / "checkpoints"
+
+    def first_case(index):
+        return simplest_family(camp._strategy(camp._shape(index)))[0]
+
+    def off_key(index):
+        return key_of(engine_config(first_case(index), ck, speculation=False))
+
+    # two consecutive searches whose speculation-off engines need different starts (vocabularies)
+    index = next(i for i in range(1, 40) if off_key(i) != off_key(i + 1))
+    try:
+        camp.search_index = index
+        camp._prestart_next()
+        assert camp._spec_off_engine.prestarts == 0  # no speculation-off engine has run yet
+        camp._calibrate(first_case(index), seed=1, alpha=1e-3)
+        off = camp._spec_off_engine
+        assert off.starts == 1 and off.hot_starts == 0
+        camp._prestart_next()
+        assert off.prestarts == 1
+        _await_prestart(off)
+        camp.search_index = index + 1
+        camp._calibrate(first_case(index + 1), seed=2, alpha=1e-3)
+        assert off.starts == 2 and off.hot_starts == 1  # its start was the prestarted engine
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def test_a_campaign_prestarts_the_speculation_off_engine_of_each_next_search(tmp_path):
+    """A whole campaign on a slow-starting engine with a calibration bug: the speculation-off
+    engine is prestarted for the searches after the first candidate (whether a search uses it
+    depends on what it draws: the test above checks that one is taken), and shrinking is
+    logged as such in the family log."""
+    cfg = CampaignConfig(engine="tests.example_engines:SlowRestartTemperatureBugEngine", budget_s=45,
+                         corpus_dir=tmp_path / "c", methods=("draft_model", "ngram"), work_dir=tmp_path / "wd",
+                         max_samples=200, max_k=3, spare_engines=True, prestart=True)
+    camp = Campaign(cfg)
+    stats = camp.run()
+    off = camp._spec_off_engine
+    assert stats.searches >= 2 and off is not None and off.starts >= 1
+    assert off.prestarts >= 1, (off.starts, off.prestarts, off.hot_starts)
+    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    assert any(f["role"] == "calibration" for f in fams)
+    assert any(f["role"] == "shrink" for f in fams)  # the calibration bug's shrink, logged as such
