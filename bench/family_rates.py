@@ -38,7 +38,8 @@ def rates(lines: list[dict]) -> dict:
 
 
 def starts(lines: list[dict]) -> dict:
-    """Engine starts per role (search, calibration, fresh: a confirmation's new engine):
+    """Engine starts per role (search; shrink: a family run while a failure is shrunk, logged as
+    such since 2026-12-04; calibration; fresh: a confirmation's new engine):
     families that started one, start seconds, and of them the seconds spent waiting for the
     engine process to answer (``ready_s``: its imports, or a spare process's unfinished
     preload; logged since 2026-12-03)."""
