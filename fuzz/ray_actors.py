@@ -217,7 +217,8 @@ class ActorCampaign(Campaign):
             found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + index, shape_key)
             if found is not None:
                 found = self._greedy_shrink_found(found, self._found_speculation())
-                self._store_failure(*found[1:])  # (run, confirmation[, confirmation index])
+                if found is not None:  # None: shrunk to a stored speculation finding (Campaign._shrunk_known)
+                    self._store_failure(*found[1:])  # (run, confirmation[, confirmation index])
         except BudgetExhausted:
             pass
         finally:
