@@ -1027,7 +1027,7 @@ class Campaign:
         sampling features passed reduced to finding-8b90's none, and its shrink (146 s of the
         greedy shrinker, then a fresh confirmation and a speculation-off start, ~50 s) ended at
         exactly 8b90's signature. One screening run on the running engine when it is not."""
-        if self.cfg.calibration_only or not self._found_speculation():
+        if not self._found_speculation():  # a speculation-off campaign, or a calibration bug
             return False
         if self._known_finding(run, self.search_index * 7919 + 43):
             self.stats.shrunk_known += 1

@@ -238,12 +238,12 @@ def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkey
         if f["role"] == "search":
             by_search.setdefault(f["search"], []).append(f)
     restarted = [fs for fs in by_search.values() if len(fs) > 1]
-    # (nearly) every family restarted: on the loaded 2-core CI machine (2026-12-04) one family of
-    # a restarted search started in under 2 s, not investigated (a family that repeats the
-    # running tables, which Hypothesis can draw twice, has nothing to load)
+    # every family restarted, unless it loaded nothing: a family that repeats the running tables
+    # (Hypothesis can draw one twice) needs no start and no swap (on the loaded 2-core CI machine,
+    # 2026-12-04, a family of a restarted search started in under 2 s)
     fams_r = [f for fs in restarted for f in fs]
-    assert restarted and sum(f["seconds"]["start"] >= 2.0 for f in fams_r) >= 0.8 * len(fams_r), \
-        [round(f["seconds"]["start"], 2) for f in fams_r]
+    assert restarted and all(f["seconds"]["start"] >= 2.0 or f["seconds"]["start"] == f["seconds"]["swap"] == 0.0
+                             for f in fams_r), [(f["seconds"]["start"], f["seconds"]["swap"]) for f in fams_r]
     for fs in by_search.values():
         # the slice (3 s) counted every restart after the first family: at most one more
         # family (its restart and samples) once the slice was over
