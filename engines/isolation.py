@@ -521,6 +521,12 @@ class IsolatedEngine:
         self._ensure_spare()
         return True
 
+    def prestarted_key(self) -> str | None:
+        """The swap_key of the engine prestarting (or prestarted) in the background and not
+        yet taken by a start; None when there is none."""
+        hot = self._hot
+        return None if hot is None or not hot["proc"].is_alive() else hot["key"]
+
     def _take_hot(self, config: EngineConfig) -> bool:
         """Serve ``start(config)`` with the prestarted engine when it has ``config``'s swap_key:
         wait for what is left of its start (counted as start time), then swap ``config``'s

@@ -54,6 +54,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
 from specfuzz.case import Case
+from specfuzz.engines.base import EngineConfig
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
 from specfuzz.fuzz.corpus import (
@@ -402,6 +403,10 @@ class Campaign:
         self._spec_off_found = False
         self._last_call: tuple[int, int | None] = (0, None)  # the last run's largest call and split (_run)
         self._prestart_due = False  # the next search's engine is to be prestarted (_prestart_next)
+        # The speculation-off engine's prestarts (_prestart_spec_off): the next search's config
+        # (its search index and config) and the search the prestarted one is for.
+        self._spec_off_next: tuple[int, EngineConfig] | None = None
+        self._spec_off_hot_search: int | None = None
         self.shape: StartShape | None = None
         # Keys of the simplest families (one per method order) already run: Hypothesis
         # starts every search with its simplest example, and a slow engine's search sees
@@ -625,6 +630,8 @@ class Campaign:
         self._drain_events(cases[0])
         if self._prestart_due and eng is self.engine and not fresh:
             self._prestart_next()
+        elif eng is self._spec_off_engine and self._spec_off_next is not None:
+            self._prestart_spec_off()
         return runs
 
     def _prestarts(self) -> bool:
@@ -654,12 +661,46 @@ class Campaign:
                 # a search's first candidate checks speculation off (and known calibration bugs)
                 # on it, and a start per search for it was 295 of 2,027 worker-s of a SGLang
                 # campaign on the H200 (2026-12-04: 13 starts of ~22 s).
-                off = engine_config(fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
-                                    speculation=False, settings=dict(self.cfg.engine_settings))
-                if self._spec_off_engine.prestart(off):
-                    self.on_event(f"prestarting the speculation-off engine of search {index}", self.stats)
+                self._spec_off_next = (index, engine_config(
+                    fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
+                    speculation=False, settings=dict(self.cfg.engine_settings)))
+                self._prestart_spec_off()
         except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, EngineCrash) as exc:
             self.on_event(f"no prestart for search {index}: {exc}", self.stats)
+
+    def _prestart_spec_off(self, search_over: bool = False) -> None:
+        """Prestart the next search's speculation-off engine (:meth:`_prestart_next`), unless
+        the one prestarted for the running search waits untaken: it is kept until the search
+        used its speculation-off engine (called again after each run on it) or ended
+        (``search_over``). An engine holds one prestart, so the next search's, made at the
+        running search's first family, used to end the running search's own before its first
+        candidate could take it."""
+        eng, pending = self._spec_off_engine, self._spec_off_next
+        if eng is None or pending is None or pending[0] <= self.search_index:
+            return
+        if not search_over and self._spec_off_hot_search == self.search_index and eng.prestarted_key() is not None:
+            return
+        if eng.prestart(pending[1]):
+            if self._spec_off_hot_search != pending[0]:
+                self.on_event(f"prestarting the speculation-off engine of search {pending[0]}", self.stats)
+            self._spec_off_hot_search = pending[0]
+
+    def _prestart_calibration(self, case: Case) -> None:
+        """Before a shrunk speculation failure's fresh confirmation: prestart the
+        speculation-off engine on its case, which :meth:`_store_failure` then checks with
+        speculation off, so that the two starts overlap. A shrink that drops a vocabulary token
+        moves the case to another start: on the H200 (SGLang, 2026-12-04) each new entry then
+        waited for a fresh start (~22 s) and after it a speculation-off start (~24 s)."""
+        eng = self._spec_off_engine
+        if eng is None or not self._found_speculation():
+            return
+        try:
+            cfg = engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
+                                speculation=False, settings=dict(self.cfg.engine_settings))
+        except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
+            return
+        if eng.prestart(cfg):
+            self._spec_off_hot_search = self.search_index
 
     def _log_family(self, cases: list[Case], runs: list[CaseRun], eng: IsolatedEngine, secs: dict, wall: float,
                     speculation: bool, fresh: bool) -> None:
@@ -986,6 +1027,8 @@ class Campaign:
         if res.kept and res.last_run is not None and getattr(res.last_run, "judgement", None) is not None:
             if known_check and speculation and self._shrunk_known(res.last_run, "the greedy shrinker's smallest failure"):
                 return None, None, None, res
+            if speculation:
+                self._prestart_calibration(res.last_run.case)
             small, j2 = self._confirm(res.last_run, speculation)
             if small.failed and attributed_label(small) == attributed_label(run):
                 return res.last_run, small, j2, res
@@ -1270,6 +1313,7 @@ class Campaign:
         confirmed one of the search is kept."""
         self._extend_watchdog()
         fam, r, _, _ = found
+        self._prestart_calibration(r.case)
         conf, j = self._confirm(r, self._found_speculation())
         if conf.failed:
             return fam, r, conf, j
@@ -1469,6 +1513,7 @@ class Campaign:
                 self._pending_path().unlink(missing_ok=True)
                 self._save_state()
                 self._shrinking = False
+                self._prestart_spec_off(search_over=True)
         except BudgetExhausted:
             pass
         finally:

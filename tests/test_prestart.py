@@ -274,8 +274,8 @@ def test_the_next_search_s_speculation_off_engine_is_prestarted_once_one_has_run
     def off_key(index):
         return key_of(engine_config(first_case(index), ck, speculation=False))
 
-    # two consecutive searches whose speculation-off engines need different starts (vocabularies)
-    index = next(i for i in range(1, 40) if off_key(i) != off_key(i + 1))
+    # three consecutive searches whose speculation-off engines need different starts (vocabularies)
+    index = next(i for i in range(1, 40) if len({off_key(i), off_key(i + 1), off_key(i + 2)}) == 3)
     try:
         camp.search_index = index
         camp._prestart_next()
@@ -287,8 +287,26 @@ def test_the_next_search_s_speculation_off_engine_is_prestarted_once_one_has_run
         assert off.prestarts == 1
         _await_prestart(off)
         camp.search_index = index + 1
+        # The search's first family prestarts the engines of the search after it: the
+        # speculation-off one waits, since the one prestarted for this search is not taken yet.
+        camp._prestart_next()
+        assert off.prestarts == 1 and off.prestarted_key() == off_key(index + 1)
         camp._calibrate(first_case(index + 1), seed=2, alpha=1e-3)
         assert off.starts == 2 and off.hot_starts == 1  # its start was the prestarted engine
+        # once taken, the next search's is prestarted
+        assert off.prestarts == 2 and off.prestarted_key() == off_key(index + 2)
+        # A shrunk failure on another vocabulary: its speculation-off check is prestarted
+        # (ahead of its fresh confirmation) and takes it; the next search's comes after.
+        V = first_case(index + 1).vocab_size
+        other = next(first_case(i) for i in range(index + 3, index + 60)
+                     if first_case(i).vocab_size != V and off_key(i) != off_key(index + 2))
+        _await_prestart(off)
+        camp._prestart_calibration(other)
+        assert off.prestarts == 3 and off.prestarted_key() == key_of(engine_config(other, ck, speculation=False))
+        _await_prestart(off)
+        camp._calibrate(other, seed=3, alpha=1e-3)
+        assert off.starts == 3 and off.hot_starts == 2
+        assert off.prestarts == 4 and off.prestarted_key() == off_key(index + 2)
     finally:
         for e in camp._engines:
             e.close()
@@ -306,7 +324,7 @@ def test_a_campaign_prestarts_the_speculation_off_engine_of_each_next_search(tmp
     stats = camp.run()
     off = camp._spec_off_engine
     assert stats.searches >= 2 and off is not None and off.starts >= 1
-    assert off.prestarts >= 1, (off.starts, off.prestarts, off.hot_starts)
+    assert off.prestarts >= 1 and off.hot_starts >= 1, (off.starts, off.prestarts, off.hot_starts)
     fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
     assert any(f["role"] == "calibration" for f in fams)
     assert any(f["role"] == "shrink" for f in fams)  # the calibration bug's shrink, logged as such
