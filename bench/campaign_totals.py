@@ -78,6 +78,8 @@ def summarize(state: dict, before: dict | None, label: str) -> dict:
         "shapes": eng.get("shapes", {}),
         "share": {k: round(v / wall, 3) for k, v in sec.items()} if wall else {},
         "seconds": {k: round(v, 1) for k, v in sec.items()},
+        # the "shrink" seconds split as the others (states written before 2026-12-04: none)
+        "shrink_seconds": {k: round(v, 1) for k, v in (eng.get("shrink_seconds") or {}).items()},
         "methods": _methods_delta(totals, (before or {}).get("totals")),
     }
 
@@ -100,6 +102,11 @@ def add_workers(runs: list[dict], label: str) -> dict:
     out["per_worker_families_per_min"] = [r["families_per_min"] for r in runs]
     out["share"] = {k: round(v / total, 3) for k, v in sec.items()} if total else {}
     out["seconds"] = {k: round(v, 1) for k, v in sec.items()}
+    shrink: dict = {}
+    for r in runs:
+        for k, v in r.get("shrink_seconds", {}).items():
+            shrink[k] = shrink.get(k, 0.0) + v
+    out["shrink_seconds"] = {k: round(v, 1) for k, v in shrink.items()}
     methods: dict = {}
     shapes: dict = {}
     for r in runs:

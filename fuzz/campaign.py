@@ -390,6 +390,10 @@ class Campaign:
         eng.setdefault("seconds", {})
         for k in ("start", "swap", "sample", "shrink", "other"):
             eng["seconds"].setdefault(k, 0.0)
+        # What the "shrink" seconds were spent on (the same four kinds as outside a shrink).
+        eng.setdefault("shrink_seconds", {})
+        for k in ("start", "swap", "sample", "other"):
+            eng["shrink_seconds"].setdefault(k, 0.0)
         eng.setdefault("shapes", {})
         self.totals["runs"] += 1
         self._base = {k: eng[k] for k in ENGINE_COUNTERS}  # from earlier runs
@@ -497,9 +501,9 @@ class Campaign:
 
     def _account(self, wall: float) -> None:
         """Add ``wall`` seconds (since the last call) to the per-engine time totals: all of it
-        to "shrink" while a failure or crash is being shrunk, confirmed and stored; otherwise
-        the engines' start/swap/generate seconds to start/swap/sample and the rest to
-        "other" (oracle, Hypothesis, checkpoints)."""
+        to "shrink" while a failure or crash is being shrunk, confirmed and stored (and its
+        parts, split as below, to "shrink_seconds"); otherwise the engines' start/swap/generate
+        seconds to start/swap/sample and the rest to "other" (oracle, Hypothesis, checkpoints)."""
         eng = self.totals["engine"]
         sec = eng["seconds"]
         now = {k: sum(e.seconds[k if k != "sample" else "generate"] for e in self._engines) for k in ("start", "swap", "sample")}
@@ -507,10 +511,10 @@ class Campaign:
         self._acct = now
         if self._shrinking:
             sec["shrink"] = sec["shrink"] + wall
-        else:
-            for k, d in delta.items():
-                sec[k] = sec[k] + d
-            sec["other"] = sec["other"] + max(0.0, wall - sum(delta.values()))
+            sec = eng["shrink_seconds"]
+        for k, d in delta.items():
+            sec[k] = sec[k] + d
+        sec["other"] = sec["other"] + max(0.0, wall - sum(delta.values()))
         for k in ENGINE_COUNTERS:
             eng[k] = self._base[k] + sum(getattr(e, k, 0) for e in self._engines)
 

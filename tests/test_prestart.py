@@ -9,6 +9,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 
 from specfuzz.case import Case
 from specfuzz.engines.base import Request, swap_key
@@ -328,3 +329,8 @@ def test_a_campaign_prestarts_the_speculation_off_engine_of_each_next_search(tmp
     fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
     assert any(f["role"] == "calibration" for f in fams)
     assert any(f["role"] == "shrink" for f in fams)  # the calibration bug's shrink, logged as such
+    # the shrink's seconds, split as the rest: its parts add up to it
+    eng = json.loads((tmp_path / "c" / ".specfuzz" / "state.json").read_text())["totals"]["engine"]
+    parts = eng["shrink_seconds"]
+    assert eng["seconds"]["shrink"] > 0 and parts["sample"] > 0
+    assert sum(parts.values()) == pytest.approx(eng["seconds"]["shrink"], rel=1e-6)
