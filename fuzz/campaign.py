@@ -1004,8 +1004,9 @@ class Campaign:
                        known_check: bool = False):
         """A confirmed failure shrunk further by the greedy shrinker (fuzz/shrink.py: smaller
         vocabulary, which a search's start shape fixes, shorter prompt, fewer knobs; its
-        candidates only choose, they store nothing), every reduction re-run on fresh samples and
-        the result confirmed again on a freshly started engine (at the next α_j of the ledger).
+        candidates only choose, they store nothing), every reduction re-run on fresh samples on
+        the running engine (swapped, each swap's tables checked) and the result confirmed again
+        on a freshly started engine (at the next α_j of the ledger).
         Returns (run, confirmation, j, shrink result): the shrunk ones, or the given ones when no
         reduction was kept or the reduced case did not confirm with the same attribution.
         ``known_check``: a kept speculation failure that is a stored finding (:meth:`_shrunk_known`)
@@ -1020,9 +1021,12 @@ class Campaign:
             if self._spec_off_engine is None:
                 self._spec_off_engine = self._new_engine()
             eng = self._spec_off_engine
+        # Kept reductions are decided on the running engine, swapped (as Hypothesis's are): only
+        # the smallest is confirmed on a fresh engine, below.
         repro = entry_reproducer(entry, eng, work_dir=Path(self.cfg.work_dir),
                                  samples=self.cfg.max_samples, alpha=self.cfg.screen_alpha, seed=seed,
-                                 dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None)
+                                 dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None,
+                                 fresh_kept=False)
         t0, starts = time.monotonic(), eng.starts
         res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation)
         # Its candidates run through the reproducer, not as families: one line in the campaign log.

@@ -335,13 +335,19 @@ def entry_family(entry) -> Family:
 
 
 def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: float, seed: int,
-                     dtype: str, settings: dict | None, attempts: int = 1) -> Callable[[Case | Family], object | None]:
+                     dtype: str, settings: dict | None, attempts: int = 1,
+                     fresh_kept: bool = True) -> Callable[[Case | Family], object | None]:
     """The ``reproduces`` predicate for a stored entry on a started-on-demand IsolatedEngine:
     it takes a case, or a family of request patterns run mixed in each engine call (a crash's
     batch, :func:`shrink_family`), and returns the run of its first pattern (or the
     EngineCrash) when the entry's problem shows, else None.
     ``attempts``: runs per candidate (fresh seeds) before it counts as not reproducing, for
-    crashes that do not happen every time (uninitialised memory, races)."""
+    crashes that do not happen every time (uninitialised memory, races).
+    ``fresh_kept``: a finding's candidate that reproduced on a swapped engine is run again on a
+    freshly started one before it counts. A campaign turns it off: it confirms the shrinker's
+    smallest case on a fresh engine before storing it (falling back to what it had confirmed
+    before when that does not confirm), and on SGLang (the H200) each kept reduction's fresh
+    start cost ~20-25 s, most of the greedy shrinker's time."""
     from specfuzz.engines.isolation import EngineCrash
     from specfuzz.fuzz.run import entry_replay_calls, run_family
 
@@ -402,7 +408,7 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
         if label not in (None, "unknown") and got != label:
             miss(f"failed with another attribution: {got}")
             return None
-        if not fresh and getattr(engine, "swaps", 0) != swaps:
+        if fresh_kept and not fresh and getattr(engine, "swaps", 0) != swaps:
             return once(c, fresh=True)
         return run
 

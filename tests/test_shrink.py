@@ -430,3 +430,44 @@ def test_crashes_that_differ_in_a_signed_number_alone_are_the_same_crash():
     b = _crash_key_of("exception", "engine exception: index 1259687797 is out of bounds for dimension 1 with size 4")
     c = _crash_key_of("exception", "engine exception: selected index k out of range")
     assert a == b != c
+
+
+def test_a_reduction_that_reproduces_on_a_swapped_engine_is_rerun_fresh_unless_the_caller_confirms(tmp_path):
+    """entry_reproducer: a finding's candidate that reproduces on a swapped engine is run again
+    on a freshly started one before it counts (`specfuzz shrink`, which stores what it keeps);
+    with fresh_kept=False (a campaign, which confirms the shrinker's smallest case on a fresh
+    engine before storing it) it counts as it ran, with no start."""
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.run import finding_entry, run_case
+    from specfuzz.fuzz.shrink import entry_reproducer
+
+    rng = np.random.default_rng(5)
+
+    def case(temperature: float) -> Case:
+        t = rng.normal(0, 2, (3, 3)).astype(np.float32)
+        return Case(t, (0,), SP(temperature=temperature, max_tokens=2),
+                    spec=SpecConfig(method="draft_model", num_speculative_tokens=1),
+                    draft_table=rng.normal(0, 2, (3, 3)).astype(np.float32))
+
+    # the engine ignores the temperature: a case at 0.3 fails, one of another table model too
+    a, b = case(0.3), case(0.3)
+    ck = tmp_path / "ck"
+    with IsolatedEngine("tests.example_engines:SlowRestartTemperatureBugEngine", swap=True,
+                        log_dir=tmp_path / "logs") as eng:
+        run = run_case(eng, a, alpha=1e-3, ckpt_root=ck, max_samples=2000, seed=1)
+        assert run.failed
+        entry = finding_entry(eng.version(), run, None)
+        for fresh_kept, more_starts in ((True, 1), (False, 0)):
+            repro = entry_reproducer(entry, eng, work_dir=tmp_path, samples=2000, alpha=1e-3, seed=7,
+                                     dtype="float32", settings=None, fresh_kept=fresh_kept)
+            eng.start(engine_config_of(a, ck))  # the entry's own tables running: b needs a swap
+            starts, swaps = eng.starts, eng.swaps
+            got = repro(b)
+            assert got is not None and got.failed
+            assert eng.swaps == swaps + 1 and eng.starts == starts + more_starts, (fresh_kept, eng.starts, eng.swaps)
+
+
+def engine_config_of(case: Case, ck: Path):
+    from specfuzz.fuzz.run import engine_config
+
+    return engine_config(case, ck)
