@@ -521,6 +521,12 @@ class IsolatedEngine:
         self._ensure_spare()
         return True
 
+    def can_prestart(self) -> bool:
+        """Whether :meth:`prestart` can start an engine in the background here (spare processes
+        and swaps on, an engine that restarts in a new process)."""
+        return bool(self.spare_enabled and self.swap_enabled
+                    and not getattr(self.capabilities(), "restart_in_process", True))
+
     def prestarted_key(self) -> str | None:
         """The swap_key of the engine prestarting (or prestarted) in the background and not
         yet taken by a start; None when there is none."""

@@ -1028,10 +1028,26 @@ class Campaign:
                                  dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None,
                                  fresh_kept=False)
         t0, starts = time.monotonic(), eng.starts
-        res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation)
+        def start_ahead(case: Case) -> None:
+            # the next smaller vocabulary's start, in the background (it takes the engine's one
+            # prestart: the next search's is made again after the shrink)
+            try:
+                eng.prestart(engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
+                                           speculation=speculation, settings=dict(self.cfg.engine_settings)))
+            except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
+                pass
+        prepare = start_ahead if eng.can_prestart() else None
+        hot = eng.hot_starts
+        res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation, prepare=prepare)
+        if prepare is not None:
+            # the next search's engines, prestarted again (the shrink's prestarts replaced them)
+            if eng is self.engine:
+                self._prestart_next()
+            else:
+                self._prestart_spec_off(search_over=True)
         # Its candidates run through the reproducer, not as families: one line in the campaign log.
         self._log_event({"event": "greedy shrink", "seconds": round(time.monotonic() - t0, 2), "starts": eng.starts - starts,
-                         "kept": bool(res.kept), "steps": list(res.steps)[:20]})
+                         "prestarted": eng.hot_starts - hot, "kept": bool(res.kept), "steps": list(res.steps)[:20]})
         if res.kept and res.last_run is not None and getattr(res.last_run, "judgement", None) is not None:
             if known_check and speculation and self._shrunk_known(res.last_run, "the greedy shrinker's smallest failure"):
                 return None, None, None, res

@@ -267,27 +267,35 @@ def _describe_family(old: Family, new: Family) -> str:
 
 
 def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s: float,
-           log: Callable[[str], None] = lambda s: None, speculation: bool = True) -> ShrinkResult:
+           log: Callable[[str], None] = lambda s: None, speculation: bool = True,
+           prepare: Callable[[Case], None] | None = None) -> ShrinkResult:
     """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
     the entry's problem, else None. Stops when no candidate reproduces, at the budget, or
     on KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI): a kill must not throw away
     the reductions already confirmed, so they are the result, marked not minimal.
-    ``speculation``: whether the runs speculate (see :func:`candidates`)."""
-    return shrink_family((case,), lambda f: reproduces(f[0]), budget_s=budget_s, log=log, speculation=speculation)
+    ``speculation``: whether the runs speculate (see :func:`candidates`).
+    ``prepare``: see :func:`shrink_family`."""
+    return shrink_family((case,), lambda f: reproduces(f[0]), budget_s=budget_s, log=log, speculation=speculation,
+                         prepare=None if prepare is None else lambda f: prepare(f[0]))
 
 
 def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object | None], *, budget_s: float,
-                  log: Callable[[str], None] = lambda s: None, speculation: bool = True) -> ShrinkResult:
+                  log: Callable[[str], None] = lambda s: None, speculation: bool = True,
+                  prepare: Callable[[Family], None] | None = None) -> ShrinkResult:
     """:func:`shrink` for a family of request patterns that crash (or fail) mixed in one
     engine call: ``reproduces(f)`` runs every pattern of ``f`` mixed. Candidates from
     :func:`family_candidates`; the result's ``family`` holds the patterns left, ``case`` the
-    first of them."""
+    first of them.
+    ``prepare(f)``: for an engine that restarts for a smaller vocabulary but can start one in
+    the background (SGLang: ~20-25 s a start): each pass then tries the reductions that keep
+    the vocabulary first and calls ``prepare`` with its first smaller-vocabulary candidate
+    before them, so that the start it needs runs while they do."""
     t0 = time.monotonic()
     fam = tuple(family)
     res = ShrinkResult(fam[0], family=fam)
     tried: set[str] = {family_key(list(fam))}
     try:
-        _greedy(res, reproduces, tried, t0, budget_s, log, speculation)
+        _greedy(res, reproduces, tried, t0, budget_s, log, speculation, prepare)
     except KeyboardInterrupt:
         res.interrupted = res.budget_exhausted = True
         log(f"interrupted after {res.tried} candidates: keeping the {res.kept} reductions so far")
@@ -295,11 +303,20 @@ def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object 
     return res
 
 
-def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s: float, log, speculation: bool) -> None:
+def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s: float, log, speculation: bool,
+            prepare=None) -> None:
     improved = True
     while improved:
         improved = False
-        for cand in family_candidates(res.family, speculation):
+        cands = family_candidates(res.family, speculation)
+        if prepare is not None:
+            V = res.family[0].vocab_size
+            same = [f for f in cands if f[0].vocab_size == V]
+            smaller = [f for f in cands if f[0].vocab_size < V and family_key(list(f)) not in tried]
+            cands = same + smaller
+            if smaller and same:
+                prepare(smaller[0])
+        for cand in cands:
             if time.monotonic() - t0 > budget_s:
                 res.budget_exhausted = True
                 return

@@ -334,3 +334,44 @@ def test_a_campaign_prestarts_the_speculation_off_engine_of_each_next_search(tmp
     parts = eng["shrink_seconds"]
     assert eng["seconds"]["shrink"] > 0 and parts["sample"] > 0
     assert sum(parts.values()) == pytest.approx(eng["seconds"]["shrink"], rel=1e-6)
+
+
+def test_the_campaign_s_greedy_shrinker_starts_each_smaller_vocabulary_in_the_background(tmp_path):
+    """On an engine that restarts for a smaller vocabulary (SGLang: ~20-25 s a start), the
+    greedy shrinker tries the reductions that keep the vocabulary while the next smaller one
+    starts in the background, so its starts are prestarted ones; it still reaches V=2, and the
+    next search's engine is prestarted again afterwards."""
+    from specfuzz.oracle.speculative import SpecConfig
+
+    cfg = CampaignConfig(engine="tests.example_engines:SlowRestartTemperatureBugEngine", budget_s=60,
+                         corpus_dir=tmp_path / "c", methods=("draft_model",), work_dir=tmp_path / "wd",
+                         max_samples=2000, max_k=3, spare_engines=True, prestart=True)
+    camp = Campaign(cfg)
+    rng = np.random.default_rng(11)
+    case = Case(rng.normal(0, 2, (4, 4)).astype(np.float32), (0,), SamplingParams(temperature=0.3, max_tokens=2),
+                spec=SpecConfig(method="draft_model", num_speculative_tokens=1),
+                draft_table=rng.normal(0, 2, (4, 4)).astype(np.float32))
+    try:
+        camp.search_index = 1
+        camp.shape = camp._shape(1)  # spare processes on, as in a campaign
+        camp._prestart_due = False
+        run = camp._run([case], [1e-3], 1, speculation=True)[0]
+        assert run.failed  # the engine ignores the temperature
+        small, conf, j, res = camp._greedy_shrink(run, None, None, True, budget_s=120, seed=3)
+        eng = camp.engine
+        assert small.case.vocab_size == 2 and conf is not None and conf.failed, res.steps
+        ev = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+        g = [e for e in ev if e["event"] == "greedy shrink"][-1]
+        assert g["starts"] >= 2 and g["prestarted"] >= 1, g
+        # after it, the next search's engine is the one prestarting
+        nxt = simplest_family_of(camp, 2)
+        assert eng.prestarted_key() == swap_key(engine_config(nxt, tmp_path / "wd" / "checkpoints"))
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def simplest_family_of(camp: Campaign, index: int) -> Case:
+    from specfuzz.fuzz.campaign import simplest_family
+
+    return simplest_family(camp._strategy(camp._shape(index)))[0]

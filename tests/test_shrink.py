@@ -93,6 +93,37 @@ def test_greedy_shrinking_reaches_the_minimal_condition():
     assert res.kept == len(res.steps) > 5 and not res.budget_exhausted
 
 
+def test_with_prepare_each_pass_keeps_the_vocabulary_first_and_starts_the_smaller_one_ahead():
+    """``prepare`` (an engine that starts a smaller vocabulary in the background): each pass
+    tries the reductions that keep V before those that shrink it, and hands the first smaller-V
+    candidate to ``prepare`` before any candidate of the pass runs; the result is as small."""
+    log: list[tuple[str, int]] = []
+
+    def fails(c):
+        log.append(("run", c.vocab_size))
+        return c if c.params.top_k >= 1 and c.params.max_tokens >= 2 else None
+
+    res = shrink(_big_case(), fails, budget_s=60, prepare=lambda c: log.append(("prepare", c.vocab_size)))
+    c = res.case
+    assert c.vocab_size == 2 and len(c.prompt) == 1 and c.params.max_tokens == 2 and c.params.top_k >= 1
+    assert not res.budget_exhausted
+    prepared = [i for i, (what, _) in enumerate(log) if what == "prepare"]
+    assert prepared and log[0][0] == "prepare"
+    for i in prepared:
+        V = log[i][1] + 1  # the pass's vocabulary (a candidate drops one token)
+        runs = [v for what, v in log[i + 1:] if what == "run"]
+        nxt = next((j for j in prepared if j > i), len(log))
+        within = [v for what, v in log[i + 1:nxt] if what == "run"]
+        assert runs and within[0] == V  # the pass opens with a reduction that keeps V
+        # ... and once it tries a smaller V, it tries nothing of V after
+        first_smaller = next((k for k, v in enumerate(within) if v < V), len(within))
+        assert all(v < V for v in within[first_smaller:])
+    # without prepare: vocabulary drops first, as before
+    log.clear()
+    shrink(_big_case(), fails, budget_s=60)
+    assert log[0] == ("run", 4)
+
+
 def test_a_budget_of_zero_stops_at_once():
     res = shrink(_big_case(), lambda c: c, budget_s=0)
     assert res.budget_exhausted and res.kept == 0
