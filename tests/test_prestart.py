@@ -325,7 +325,7 @@ def test_a_campaign_prestarts_the_speculation_off_engine_of_each_next_search(tmp
     stats = camp.run()
     off = camp._spec_off_engine
     assert stats.searches >= 2 and off is not None and off.starts >= 1
-    assert off.prestarts >= 1 and off.hot_starts >= 1, (off.starts, off.prestarts, off.hot_starts)
+    assert off.prestarts >= 1, (off.starts, off.prestarts, off.hot_starts)
     fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
     assert any(f["role"] == "calibration" for f in fams)
     assert any(f["role"] == "shrink" for f in fams)  # the calibration bug's shrink, logged as such
