@@ -62,7 +62,7 @@ from specfuzz.fuzz.corpus import (
 )
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.exampledb import FailuresOnly
-from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, engine_config, finding_entry, run_family
+from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, engine_config, finding_entry, run_family, start_key
 from specfuzz.oracle.law import OutputSpaceTooLarge
 from specfuzz.oracle.budget import SCREEN_ALPHA, AlphaSpender
 from specfuzz.strategies import StartShape, case_families, start_shapes
@@ -1028,8 +1028,9 @@ class Campaign:
                                  dtype=self.cfg.dtype, settings=dict(self.cfg.engine_settings) or None,
                                  fresh_kept=False)
         t0, starts = time.monotonic(), eng.starts
+
         def start_ahead(case: Case) -> None:
-            # the next smaller vocabulary's start, in the background (it takes the engine's one
+            # the next start the shrink needs, in the background (it takes the engine's one
             # prestart: the next search's is made again after the shrink)
             try:
                 eng.prestart(engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
@@ -1038,7 +1039,8 @@ class Campaign:
                 pass
         prepare = start_ahead if eng.can_prestart() else None
         hot = eng.hot_starts
-        res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation, prepare=prepare)
+        res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation, prepare=prepare,
+                     start_key=lambda c: start_key(c, speculation=speculation))
         if prepare is not None:
             # the next search's engines, prestarted again (the shrink's prestarts replaced them)
             if eng is self.engine:

@@ -77,6 +77,19 @@ def engine_config(case: Case, ckpt_root: Path, *, dtype: str = "float32", specul
     )
 
 
+def start_key(case: Case, *, speculation: bool = True, family: Sequence[Case] = ()) -> tuple:
+    """What decides whether an engine started for ``case`` serves another case by a swap
+    (for one dtype and settings, equal keys give equal :func:`engine_config` swap_keys), computed
+    without writing checkpoints: vocabulary, EOS, speculation settings, the draft's shape and id
+    map, the context length."""
+    spec = case.spec if speculation else None
+    with_draft = spec is not None and case.draft_table is not None
+    return (case.vocab_size, case.eos_token_id, None if spec is None else repr(spec),
+            tuple(case.draft_table.shape) if with_draft else None,
+            tuple(case.draft_d2t) if with_draft and case.draft_d2t is not None else None,
+            max_model_len(max(len(c.prompt) + c.params.max_tokens for c in (case, *family))))
+
+
 LAUNCH_SCHEMA_VERSION = 1
 # Placeholders for the checkpoint folders in a launch record (a draft's repro.py fills them in).
 TARGET_PLACEHOLDER = "{target}"

@@ -268,34 +268,43 @@ def _describe_family(old: Family, new: Family) -> str:
 
 def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s: float,
            log: Callable[[str], None] = lambda s: None, speculation: bool = True,
+           start_key: Callable[[Case], object] | None = None,
            prepare: Callable[[Case], None] | None = None) -> ShrinkResult:
     """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
     the entry's problem, else None. Stops when no candidate reproduces, at the budget, or
     on KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI): a kill must not throw away
     the reductions already confirmed, so they are the result, marked not minimal.
     ``speculation``: whether the runs speculate (see :func:`candidates`).
-    ``prepare``: see :func:`shrink_family`."""
+    ``start_key``, ``prepare``: see :func:`shrink_family`."""
     return shrink_family((case,), lambda f: reproduces(f[0]), budget_s=budget_s, log=log, speculation=speculation,
+                         start_key=None if start_key is None else lambda f: start_key(f[0]),
                          prepare=None if prepare is None else lambda f: prepare(f[0]))
 
 
 def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object | None], *, budget_s: float,
                   log: Callable[[str], None] = lambda s: None, speculation: bool = True,
+                  start_key: Callable[[Family], object] | None = None,
                   prepare: Callable[[Family], None] | None = None) -> ShrinkResult:
     """:func:`shrink` for a family of request patterns that crash (or fail) mixed in one
     engine call: ``reproduces(f)`` runs every pattern of ``f`` mixed. Candidates from
     :func:`family_candidates`; the result's ``family`` holds the patterns left, ``case`` the
     first of them.
-    ``prepare(f)``: for an engine that restarts for a smaller vocabulary but can start one in
-    the background (SGLang: ~20-25 s a start): each pass then tries the reductions that keep
-    the vocabulary first and calls ``prepare`` with its first smaller-vocabulary candidate
-    before them, so that the start it needs runs while they do."""
+    ``start_key(f)``: what needs an engine start to change (vocabulary, EOS, speculation
+    settings, ...: fuzz/run.py start_key), for candidates run on one engine that swaps tables
+    and restarts otherwise. Each pass then runs the candidates the current case's engine
+    serves by a swap first, then the others grouped by start (each group in the order above):
+    in the plain order a pass whose reductions all fail restarts the engine for each change of
+    kind (a vocabulary drop, back for the prompt cuts, a smaller K, back for the sampling
+    settings, no EOS, back for zero tables), ~20-30 s each on SGLang.
+    ``prepare(f)``: with ``start_key``, for an engine that can start one in the background:
+    called with the first candidate that needs another start before the pass runs those that
+    do not, so that the start runs while they do."""
     t0 = time.monotonic()
     fam = tuple(family)
     res = ShrinkResult(fam[0], family=fam)
     tried: set[str] = {family_key(list(fam))}
     try:
-        _greedy(res, reproduces, tried, t0, budget_s, log, speculation, prepare)
+        _greedy(res, reproduces, tried, t0, budget_s, log, speculation, start_key, prepare)
     except KeyboardInterrupt:
         res.interrupted = res.budget_exhausted = True
         log(f"interrupted after {res.tried} candidates: keeping the {res.kept} reductions so far")
@@ -303,19 +312,30 @@ def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object 
     return res
 
 
+def _by_start(cands: list[Family], current: Family, start_key, tried: set[str]) -> tuple[list[Family], Family | None]:
+    """``cands`` in :func:`shrink_family`'s ``start_key`` order, and the first untried one that
+    needs another start, when untried ones served by the current start come before it."""
+    groups: dict = {}
+    for f in cands:
+        groups.setdefault(start_key(f), []).append(f)
+    cur = start_key(current)
+    same = groups.pop(cur, [])
+    others = [f for g in groups.values() for f in g]
+    untried = [f for f in others if family_key(list(f)) not in tried]
+    ahead = untried[0] if untried and any(family_key(list(f)) not in tried for f in same) else None
+    return same + others, ahead
+
+
 def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s: float, log, speculation: bool,
-            prepare=None) -> None:
+            start_key=None, prepare=None) -> None:
     improved = True
     while improved:
         improved = False
         cands = family_candidates(res.family, speculation)
-        if prepare is not None:
-            V = res.family[0].vocab_size
-            same = [f for f in cands if f[0].vocab_size == V]
-            smaller = [f for f in cands if f[0].vocab_size < V and family_key(list(f)) not in tried]
-            cands = same + smaller
-            if smaller and same:
-                prepare(smaller[0])
+        if start_key is not None:
+            cands, ahead = _by_start(cands, res.family, start_key, tried)
+            if prepare is not None and ahead is not None:
+                prepare(ahead)
         for cand in cands:
             if time.monotonic() - t0 > budget_s:
                 res.budget_exhausted = True

@@ -93,35 +93,55 @@ def test_greedy_shrinking_reaches_the_minimal_condition():
     assert res.kept == len(res.steps) > 5 and not res.budget_exhausted
 
 
-def test_with_prepare_each_pass_keeps_the_vocabulary_first_and_starts_the_smaller_one_ahead():
-    """``prepare`` (an engine that starts a smaller vocabulary in the background): each pass
-    tries the reductions that keep V before those that shrink it, and hands the first smaller-V
-    candidate to ``prepare`` before any candidate of the pass runs; the result is as small."""
-    log: list[tuple[str, int]] = []
+def test_grouped_by_start_a_pass_restarts_once_per_kind_and_starts_the_next_one_ahead():
+    """``start_key`` (candidates run on one engine that swaps tables and restarts for a new
+    vocabulary, K, EOS, ...): each pass runs the candidates served by the current case's start
+    first, then the others grouped by start, so a simulated engine restarts far less than in
+    the plain order (which goes back and forth: a vocabulary drop, back for the prompt cuts, a
+    smaller K, back for the sampling settings, ...); ``prepare`` gets the first candidate that
+    needs another start before the pass runs the others; the result is as small."""
+    def key(c):
+        return (c.vocab_size, c.spec.num_speculative_tokens, c.eos_token_id)
 
-    def fails(c):
-        log.append(("run", c.vocab_size))
-        return c if c.params.top_k >= 1 and c.params.max_tokens >= 2 else None
+    def run_with(**kw):
+        log: list[tuple[str, tuple]] = []
+        running = [key(_big_case())]
+        restarts = [0]
 
-    res = shrink(_big_case(), fails, budget_s=60, prepare=lambda c: log.append(("prepare", c.vocab_size)))
-    c = res.case
-    assert c.vocab_size == 2 and len(c.prompt) == 1 and c.params.max_tokens == 2 and c.params.top_k >= 1
-    assert not res.budget_exhausted
+        def fails(c):
+            if key(c) != running[0]:
+                restarts[0] += 1
+                running[0] = key(c)
+            log.append(("run", key(c)))
+            # fails while top-k, 2+ tokens, 3+ vocabulary tokens, an EOS and K >= 2 are kept, so
+            # that the last passes try (and lose) reductions of every kind
+            keep = c.params.top_k >= 1 and c.params.max_tokens >= 2 and c.vocab_size >= 3
+            return c if keep and c.eos_token_id is not None and c.spec.num_speculative_tokens >= 2 else None
+
+        res = shrink(_big_case(), fails, budget_s=60, start_key=kw.get("start_key"),
+                     prepare=(lambda c: log.append(("prepare", key(c)))) if kw.get("prepare") else None)
+        return res, log, restarts[0]
+
+    plain, _, plain_restarts = run_with()
+    res, log, restarts = run_with(start_key=key, prepare=True)
+    for r in (plain, res):
+        c = r.case
+        assert c.vocab_size == 3 and len(c.prompt) == 1 and c.params.max_tokens == 2 and c.params.top_k >= 1
+        assert c.eos_token_id is not None and c.spec.num_speculative_tokens == 2 and not r.budget_exhausted
+    assert restarts < plain_restarts, (restarts, plain_restarts)
+    # within the runs between two prepares (about a pass), a key once left never comes back
     prepared = [i for i, (what, _) in enumerate(log) if what == "prepare"]
-    assert prepared and log[0][0] == "prepare"
-    for i in prepared:
-        V = log[i][1] + 1  # the pass's vocabulary (a candidate drops one token)
-        runs = [v for what, v in log[i + 1:] if what == "run"]
-        nxt = next((j for j in prepared if j > i), len(log))
-        within = [v for what, v in log[i + 1:nxt] if what == "run"]
-        assert runs and within[0] == V  # the pass opens with a reduction that keeps V
-        # ... and once it tries a smaller V, it tries nothing of V after
-        first_smaller = next((k for k, v in enumerate(within) if v < V), len(within))
-        assert all(v < V for v in within[first_smaller:])
-    # without prepare: vocabulary drops first, as before
-    log.clear()
-    shrink(_big_case(), fails, budget_s=60)
-    assert log[0] == ("run", 4)
+    assert prepared
+    for a, b in zip(prepared, prepared[1:] + [len(log)]):
+        keys = [k for what, k in log[a + 1:b] if what == "run"]
+        left: set = set()
+        for x, y in zip(keys, keys[1:]):
+            if x != y:
+                left.add(x)
+                assert y not in left, keys
+        # the prepared start is the first other start the pass runs
+        others = [k for k in keys if k != keys[0]]
+        assert not others or others[0] == log[a][1]
 
 
 def test_a_budget_of_zero_stops_at_once():
