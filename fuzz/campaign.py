@@ -696,7 +696,7 @@ class Campaign:
         moves the case to another start: on the H200 (SGLang, 2026-12-04) each new entry then
         waited for a fresh start (~22 s) and after it a speculation-off start (~24 s)."""
         eng = self._spec_off_engine
-        if eng is None or not self._found_speculation():
+        if eng is None or not self._found_speculation() or not self._prestarts():
             return
         try:
             cfg = engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
@@ -1037,7 +1037,8 @@ class Campaign:
                                            speculation=speculation, settings=dict(self.cfg.engine_settings)))
             except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
                 pass
-        prepare = start_ahead if eng.can_prestart() else None
+        # (--no-prestart: none; the memory split then leaves no room for a prestarted engine)
+        prepare = start_ahead if self._prestarts() and eng.can_prestart() else None
         hot = eng.hot_starts
         res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation, prepare=prepare,
                      start_key=lambda c: start_key(c, speculation=speculation))

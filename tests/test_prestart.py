@@ -336,16 +336,18 @@ def test_a_campaign_prestarts_the_speculation_off_engine_of_each_next_search(tmp
     assert sum(parts.values()) == pytest.approx(eng["seconds"]["shrink"], rel=1e-6)
 
 
-def test_the_campaign_s_greedy_shrinker_starts_each_smaller_vocabulary_in_the_background(tmp_path):
+@pytest.mark.parametrize("prestart", [True, False])
+def test_the_campaign_s_greedy_shrinker_starts_each_smaller_vocabulary_in_the_background(tmp_path, prestart):
     """On an engine that restarts for a smaller vocabulary (SGLang: ~20-25 s a start), the
     greedy shrinker tries the reductions that keep the vocabulary while the next smaller one
     starts in the background, so its starts are prestarted ones; it still reaches V=2, and the
-    next search's engine is prestarted again afterwards."""
+    next search's engine is prestarted again afterwards. With --no-prestart (whose memory split
+    leaves no room for one) it prestarts nothing."""
     from specfuzz.oracle.speculative import SpecConfig
 
     cfg = CampaignConfig(engine="tests.example_engines:SlowRestartTemperatureBugEngine", budget_s=60,
                          corpus_dir=tmp_path / "c", methods=("draft_model",), work_dir=tmp_path / "wd",
-                         max_samples=2000, max_k=3, spare_engines=True, prestart=True)
+                         max_samples=2000, max_k=3, spare_engines=True, prestart=prestart)
     camp = Campaign(cfg)
     rng = np.random.default_rng(11)
     case = Case(rng.normal(0, 2, (4, 4)).astype(np.float32), (0,), SamplingParams(temperature=0.3, max_tokens=2),
@@ -362,6 +364,9 @@ def test_the_campaign_s_greedy_shrinker_starts_each_smaller_vocabulary_in_the_ba
         assert small.case.vocab_size == 2 and conf is not None and conf.failed, res.steps
         ev = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
         g = [e for e in ev if e["event"] == "greedy shrink"][-1]
+        if not prestart:
+            assert g["starts"] >= 2 and g["prestarted"] == 0 and eng.prestarts == 0, g
+            return
         assert g["starts"] >= 2 and g["prestarted"] >= 1, g
         # after it, the next search's engine is the one prestarting
         nxt = simplest_family_of(camp, 2)
