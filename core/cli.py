@@ -840,7 +840,7 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
     from specfuzz.cli_input import writable_dir_problem
     from specfuzz.fuzz.corpus import Corpus, atomic_write_json
-    from specfuzz.fuzz.run import crash_entry, entry_replay_calls, finding_entry
+    from specfuzz.fuzz.run import crash_entry, entry_replay_calls, finding_entry, start_key
     from specfuzz.fuzz.shrink import entry_family, entry_reproducer, shrink_family
     from specfuzz.fuzz.triage import entry_dtype, entry_settings
 
@@ -882,8 +882,14 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
                           f"nothing to shrink (a crash that comes and goes: try --attempts 5)[/yellow]"
                           + "".join(f"\n  seen instead: {m}" for m in seen[-5:]), highlight=False, soft_wrap=True)
             sys.exit(1)
+        # A finding's candidates run on one engine that swaps tables: each pass runs those it
+        # serves by a swap first, then the others grouped by the start they need (a crash's
+        # candidates each start a fresh process anyway).
+        speculating = entry.kind != "calibration"
+        grouped = None if entry.kind == "crash" else (
+            lambda f: start_key(f[0], speculation=speculating, family=f[1:]))
         res = shrink_family(family, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"),
-                            speculation=entry.kind != "calibration")
+                            speculation=speculating, start_key=grouped)
         if res.last_run is None:
             res.last_run = first
         console.print(f"{res.kept} reductions kept of {res.tried} tried in {res.seconds:.0f} s"
