@@ -261,10 +261,10 @@ def state_problem(d: object) -> str | None:
         if k in totals and (isinstance(totals[k], bool) or not isinstance(totals[k], (int, float))):
             return f"has totals.{k}={totals[k]!r}, not a number"
     eng = totals.get("engine", {})
-    if not isinstance(eng, dict) or not isinstance(eng.get("seconds", {}), dict) or not isinstance(eng.get("shapes", {}), dict):
+    if not isinstance(eng, dict) or not all(isinstance(eng.get(k, {}), dict) for k in ("seconds", "shapes", "shrink_seconds")):
         return "has malformed engine totals"
-    for k, v in [*eng.items(), *eng.get("seconds", {}).items()]:
-        if k not in ("seconds", "shapes") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+    for k, v in [*eng.items(), *eng.get("seconds", {}).items(), *eng.get("shrink_seconds", {}).items()]:
+        if k not in ("seconds", "shapes", "shrink_seconds") and (isinstance(v, bool) or not isinstance(v, (int, float))):
             return f"has engine totals {k}={v!r}, not a number"
     simplest = d.get("simplest_run") or []
     if not isinstance(simplest, list) or not all(isinstance(x, str) for x in simplest):
