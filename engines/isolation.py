@@ -487,11 +487,9 @@ class IsolatedEngine:
         returns whether an engine is (now or already) prestarting for that key. A prestarted
         engine never serves a ``fresh`` start (confirmations); one left unused ends with the
         next prestart or :meth:`close`. A prestart that fails only means a normal start later."""
-        if not (self.spare_enabled and self.swap_enabled):
+        if not self.can_prestart():
             return False
         caps = self.capabilities()
-        if getattr(caps, "restart_in_process", True):
-            return False
         if not set(table_parts(config)) <= set(getattr(caps, "swap", ()) or ()):
             return False  # its tables could not be swapped into it
         key = swap_key(config)

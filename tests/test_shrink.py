@@ -489,7 +489,7 @@ def test_a_reduction_that_reproduces_on_a_swapped_engine_is_rerun_fresh_unless_t
     with fresh_kept=False (a campaign, which confirms the shrinker's smallest case on a fresh
     engine before storing it) it counts as it ran, with no start."""
     from specfuzz.engines.isolation import IsolatedEngine
-    from specfuzz.fuzz.run import finding_entry, run_case
+    from specfuzz.fuzz.run import engine_config, finding_entry, run_case
     from specfuzz.fuzz.shrink import entry_reproducer
 
     rng = np.random.default_rng(5)
@@ -511,14 +511,8 @@ def test_a_reduction_that_reproduces_on_a_swapped_engine_is_rerun_fresh_unless_t
         for fresh_kept, more_starts in ((True, 1), (False, 0)):
             repro = entry_reproducer(entry, eng, work_dir=tmp_path, samples=2000, alpha=1e-3, seed=7,
                                      dtype="float32", settings=None, fresh_kept=fresh_kept)
-            eng.start(engine_config_of(a, ck))  # the entry's own tables running: b needs a swap
+            eng.start(engine_config(a, ck))  # the entry's own tables running: b needs a swap
             starts, swaps = eng.starts, eng.swaps
             got = repro(b)
             assert got is not None and got.failed
             assert eng.swaps == swaps + 1 and eng.starts == starts + more_starts, (fresh_kept, eng.starts, eng.swaps)
-
-
-def engine_config_of(case: Case, ck: Path):
-    from specfuzz.fuzz.run import engine_config
-
-    return engine_config(case, ck)
