@@ -22,6 +22,7 @@ group when the caller dies without closing it (SIGKILL, SIGTERM).
 from __future__ import annotations
 
 import atexit
+import copy
 import importlib
 import multiprocessing as mp
 import multiprocessing.util  # noqa: F401  (its atexit hook must be registered before ours)
@@ -181,6 +182,9 @@ def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str
 
 # Live children of this process's IsolatedEngines, killed at exit (see the module docstring).
 _LIVE: "weakref.WeakSet[IsolatedEngine]" = weakref.WeakSet()
+# Adapters' launch_args per (engine, its settings, config): IsolatedEngine.launch_args.
+_LAUNCH_ARGS: dict[tuple, Any] = {}
+LAUNCH_ARGS_KEPT = 4096
 
 
 @atexit.register
@@ -465,6 +469,12 @@ class IsolatedEngine:
             return
         if not fresh and self._take_hot(config):
             return
+        if fresh and self._hot is not None and self._hot.get("fresh"):
+            # A fresh start prestarted on exactly this config (prestart(fresh=True)) serves it;
+            # one prestarted for another config ends here (it holds device memory).
+            if self._hot["config"] == config and self._take_hot(config, fresh=True):
+                return
+            self._end_hot("a fresh start of another config")
         # A live engine process is asked to start again on the new config (engines
         # release their previous model in start()), unless the engine says it cannot
         # restart in-process; a dead one is respawned by _call.
@@ -478,27 +488,40 @@ class IsolatedEngine:
         self._config = config
         self.starts += 1
 
-    def prestart(self, config: EngineConfig) -> bool:
+    def prestart(self, config: EngineConfig, *, fresh: bool = False) -> bool:
         """Start an engine on ``config`` in the background, in the spare process (or a new
         one), while this engine goes on serving its own config: a later :meth:`start` of any
         config with the same swap_key takes it, swaps its tables in and checks them, so that
         its wait is what is left of the start. For engines that restart in a new process
         (GPU engines, whose starts take tens of seconds) with spare processes and swaps on;
-        returns whether an engine is (now or already) prestarting for that key. A prestarted
-        engine never serves a ``fresh`` start (confirmations); one left unused ends with the
-        next prestart or :meth:`close`. A prestart that fails only means a normal start later."""
+        returns whether an engine is (now or already) prestarting for that key. Such a
+        prestarted engine never serves a ``fresh`` start (confirmations); one left unused
+        ends with the next prestart or :meth:`close`. A prestart that fails only means a
+        normal start later.
+
+        ``fresh=True``: a fresh start begun early, for a confirmation whose case is known
+        before it runs: started on exactly ``config`` (no warm-up, no swap), it serves only
+        ``start(config, fresh=True)`` of that same config, so the confirmation still runs on
+        an engine started on its own tables in a process no engine ran in before."""
         if not self.can_prestart():
             return False
         caps = self.capabilities()
-        if not set(table_parts(config)) <= set(getattr(caps, "swap", ()) or ()):
-            return False  # its tables could not be swapped into it
-        key = swap_key(config)
-        if self._hot is not None:
-            if self._hot["key"] == key and self._hot["proc"].is_alive():
-                return True
-            self._end_hot("another start shape was prestarted")
-        if self._proc is not None and self._config is not None and swap_key(self._config) == key:
-            return False  # the running engine serves it by a swap
+        if fresh:
+            key = None
+            if self._hot is not None:
+                if self._hot.get("fresh") and self._hot["config"] == config and self._hot["proc"].is_alive():
+                    return True
+                self._end_hot("a fresh start was prestarted")
+        else:
+            if not set(table_parts(config)) <= set(getattr(caps, "swap", ()) or ()):
+                return False  # its tables could not be swapped into it
+            key = swap_key(config)
+            if self._hot is not None:
+                if self._hot["key"] == key and self._hot["proc"].is_alive():
+                    return True
+                self._end_hot("another start shape was prestarted")
+            if self._proc is not None and self._config is not None and swap_key(self._config) == key:
+                return False  # the running engine serves it by a swap
         spare, self._spare = self._spare, None
         if spare is None or not spare[0].is_alive():
             if spare is not None:
@@ -507,13 +530,16 @@ class IsolatedEngine:
         proc, conn, log_path = spare
         try:
             conn.send(("start", (config,)))
-            # Then the engine's warm_up, if it has one (say, the sampler paths SGLang compiles
-            # on first use): still in the background, so no family's sampling waits for it.
-            conn.send(("warm_up", ()))
+            if not fresh:
+                # Then the engine's warm_up, if it has one (say, the sampler paths SGLang compiles
+                # on first use): still in the background, so no family's sampling waits for it.
+                # (A fresh start runs none: a confirmation's engine has sampled nothing before.)
+                conn.send(("warm_up", ()))
         except (BrokenPipeError, OSError):
             _end_process(proc, conn)
             return False
-        self._hot = {"proc": proc, "conn": conn, "log": log_path, "config": config, "key": key, "sent": time.monotonic()}
+        self._hot = {"proc": proc, "conn": conn, "log": log_path, "config": config, "key": key, "sent": time.monotonic(),
+                     "fresh": fresh}
         self.prestarts += 1
         _LIVE.add(self)
         self._ensure_spare()
@@ -527,17 +553,49 @@ class IsolatedEngine:
 
     def prestarted_key(self) -> str | None:
         """The swap_key of the engine prestarting (or prestarted) in the background and not
-        yet taken by a start; None when there is none."""
+        yet taken by a start; None when there is none (or it is a fresh start's)."""
         hot = self._hot
         return None if hot is None or not hot["proc"].is_alive() else hot["key"]
 
-    def _take_hot(self, config: EngineConfig) -> bool:
+    def launch_args(self, config: EngineConfig) -> Any:
+        """The adapter's ``launch_args`` for ``config`` (what its start would apply: environment
+        and keyword arguments), computed in an engine process and kept per engine, settings and
+        config: asking again would take the spare process (or wait for a new one's imports, ~30 s
+        on the H200 after a prestart took the spare) only to answer a query. AttributeError:
+        the adapter has none."""
+        key = (self.engine_spec, repr(sorted(self.kwargs.items())), repr(config))
+        got = _LAUNCH_ARGS.get(key, _LAUNCH_ARGS)
+        if got is _LAUNCH_ARGS:
+            try:
+                got = self._call("launch_args", config, timeout=self.start_timeout_s)
+            except AttributeError:
+                got = None
+            if len(_LAUNCH_ARGS) >= LAUNCH_ARGS_KEPT:
+                _LAUNCH_ARGS.clear()
+            _LAUNCH_ARGS[key] = got
+        if got is None:
+            raise AttributeError(f"engine {self.engine_spec} has no method 'launch_args'")
+        return copy.deepcopy(got)
+
+    def prestarted_fresh(self) -> EngineConfig | None:
+        """The config of a fresh start prestarted (``prestart(fresh=True)``) and not yet taken."""
+        hot = self._hot
+        return hot["config"] if hot is not None and hot.get("fresh") and hot["proc"].is_alive() else None
+
+    def end_prestart(self, why: str) -> None:
+        """End the prestarted engine, if any, unused (logged as such in :attr:`events`)."""
+        self._end_hot(why)
+
+    def _take_hot(self, config: EngineConfig, fresh: bool = False) -> bool:
         """Serve ``start(config)`` with the prestarted engine when it has ``config``'s swap_key:
         wait for what is left of its start (counted as start time), then swap ``config``'s
         tables in and check them (a failed check starts afresh, as after any swap). False:
-        no prestarted engine for this key, or its start failed (then an ordinary start)."""
+        no prestarted engine for this key, or its start failed (then an ordinary start).
+        ``fresh``: a fresh start, served only by a fresh prestart of exactly ``config``."""
         hot = self._hot
-        if hot is None or hot["key"] != swap_key(config):
+        if hot is None or bool(hot.get("fresh")) != fresh:
+            return False
+        if (hot["config"] != config) if fresh else (hot["key"] != swap_key(config)):
             return False
         self._hot = None
         if self._proc is not None:
@@ -553,7 +611,7 @@ class IsolatedEngine:
             self._receive("start", max(1.0, self.start_timeout_s - (t0 - hot["sent"])))
             step = "warm-up"
             try:
-                warm = self._receive("warm_up", max(1.0, self.start_timeout_s - (time.monotonic() - hot["sent"])))
+                warm = None if fresh else self._receive("warm_up", max(1.0, self.start_timeout_s - (time.monotonic() - hot["sent"])))
             except AttributeError:
                 warm = None  # the engine has no warm_up
             if isinstance(warm, Mapping):

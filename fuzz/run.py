@@ -124,7 +124,7 @@ def launch_record(engine: IsolatedEngine, cfg: EngineConfig) -> dict | None:
     repro.py starts the engine exactly the same way; None for adapters without launch_args.
     Raises InvalidInput as start would."""
     try:
-        env, kwargs = engine._call("launch_args", cfg, timeout=engine.start_timeout_s)  # the child computes it
+        env, kwargs = engine.launch_args(cfg)  # an engine process computes it (kept per config)
     except AttributeError:
         return None
     set_by_adapter = set(env)

@@ -380,3 +380,122 @@ def simplest_family_of(camp: Campaign, index: int) -> Case:
     from specfuzz.fuzz.campaign import simplest_family
 
     return simplest_family(camp._strategy(camp._shape(index)))[0]
+
+
+def test_a_fresh_start_begun_early_serves_only_a_fresh_start_of_its_own_config(tmp_path):
+    """prestart(fresh=True): a confirmation's fresh engine started in the background on exactly
+    its case. It runs no warm-up, serves no ordinary start (not even of its own swap key) and
+    no fresh start of another config (which ends it); taken by its own fresh start, it is an
+    engine started once, on its own tables, in a process no engine ran in before."""
+    warming = "tests.example_engines:WarmingRestartEngine"
+    rng = np.random.default_rng(11)
+    a, b, b2 = _case(rng, 1), _case(rng, 2), _case(rng, 2)  # b and b2: one start shape, other tables
+    cfg_a, cfg_b, cfg_b2 = (engine_config(c, tmp_path / "ck") for c in (a, b, b2))
+    with IsolatedEngine(warming, spare=True, log_dir=tmp_path / "logs") as eng:
+        eng.start(cfg_a)
+        assert eng.prestart(cfg_b, fresh=True) and eng.prestarted_fresh() == cfg_b
+        assert eng.prestarted_key() is None  # not a start shape's prestart
+        assert eng.prestart(cfg_b, fresh=True) and eng.prestarts == 1  # the same one
+        _await_prestart(eng, more_s=1.5)
+        eng.start(cfg_b2)  # an ordinary start of the same swap key: not served by it
+        assert (eng.starts, eng.hot_starts) == (2, 0) and eng.prestarted_fresh() == cfg_b
+        eng.start(cfg_b2, fresh=True)  # a fresh start of another config: ends it, starts anew
+        assert (eng.starts, eng.hot_starts) == (3, 0) and eng.prestarted_fresh() is None
+        assert [e["event"] for e in eng.events] == ["prestarted engine unused"]
+        eng.events.clear()
+        assert eng.prestart(cfg_b, fresh=True) and eng.prestarts == 2
+        hot_pid = eng._hot["proc"].pid
+        _await_prestart(eng, more_s=1.5)
+        before = eng.seconds["start"]
+        eng.start(cfg_b, fresh=True)
+        assert eng.seconds["start"] - before < 1.0  # (a start on demand takes 2 s)
+        assert (eng.starts, eng.hot_starts, eng.swaps) == (4, 1, 0) and eng.pid == hot_pid
+        assert eng.call("starts_here") == (hot_pid, 1) and eng.call("warm_ups_here") == 0
+        assert eng.events == []
+        outs = eng.generate([Request(b.prompt, b.params, s) for s in range(10)])
+        assert {o.token_ids for o in outs} == {_greedy(b.target_table, 1, 3)}
+        # ended unused on request, logged as such
+        assert eng.prestart(cfg_a, fresh=True)
+        unused = eng._hot["proc"]
+        eng.end_prestart("the candidate passed again")
+        unused.join(10)
+        assert not unused.is_alive() and eng.prestarted_fresh() is None
+        assert eng.events[-1]["event"] == "prestarted engine unused" and eng.events[-1]["detail"] == "the candidate passed again"
+
+
+def test_launch_args_are_asked_once_per_config_not_of_a_new_process_each_time(tmp_path):
+    """A family's launch record (the adapter's launch_args) is kept per engine and config:
+    asked again, it takes no process (after a prestart took the spare, asking meant waiting
+    for a new process's imports before the fresh start it was recorded for)."""
+    from specfuzz.fuzz.run import launch_record
+
+    rng = np.random.default_rng(12)
+    a, b = _case(rng, 1), _case(rng, 2)
+    cfg_a, cfg_b = engine_config(a, tmp_path / "ck"), engine_config(b, tmp_path / "ck")
+    spec = "tests.example_engines:LaunchingEngine"
+    with IsolatedEngine(spec, log_dir=tmp_path / "l1") as eng:
+        first = launch_record(eng, cfg_a)
+        assert eng.pid is not None and first["env"]["LAUNCHING_MODE"] == "exact"
+    with IsolatedEngine(spec, log_dir=tmp_path / "l2") as other:
+        again = launch_record(other, cfg_a)
+        assert other.pid is None  # answered from what the first engine asked
+        assert again == first
+        again["kwargs"]["dtype"] = "changed"  # a caller's copy: the kept answer stays as it was
+        assert launch_record(other, cfg_a)["kwargs"]["dtype"] == first["kwargs"]["dtype"]
+        launch_record(other, cfg_b)  # another config is asked of an engine process
+        assert other.pid is not None
+    with IsolatedEngine(ENGINE, log_dir=tmp_path / "l3") as plain:
+        assert launch_record(plain, cfg_a) is None and launch_record(plain, cfg_a) is None  # no launch_args
+
+
+def test_a_candidate_s_fresh_confirmation_engine_starts_while_it_is_checked(tmp_path):
+    """In a campaign, a candidate's fresh confirmation engine is prestarted on exactly its case
+    before its speculation-off check and its second screening; the confirmation takes it.
+    One that passed when screened again ends it unused."""
+    from specfuzz.fuzz.run import run_family
+
+    cfg = CampaignConfig(engine=ENGINE, budget_s=60, corpus_dir=tmp_path / "c", methods=("draft_model",),
+                         work_dir=tmp_path / "wd", max_samples=100, max_k=3, spare_engines=True, prestart=True)
+    camp = Campaign(cfg)
+    camp._profile = camp.engine.capabilities().profile
+    rng = np.random.default_rng(13)
+    case = _case(rng, 2)
+    try:
+        camp._prestart_fresh(case, True)
+        fresh = camp._fresh_engine
+        assert fresh is not None and fresh.prestarts == 1 and fresh.prestarted_fresh() is not None
+        _await_prestart(fresh)
+        camp._calibrate(case, seed=1, alpha=1e-3)  # meanwhile: the speculation-off check
+        run = run_family(camp.engine, [case], ckpt_root=tmp_path / "wd" / "checkpoints", alphas=[1e-3], max_samples=100)[0]
+        conf, _ = camp._confirm(run, True)
+        assert conf.judgement is not None and not conf.failed
+        assert (fresh.starts, fresh.hot_starts) == (1, 1)
+        assert fresh.seconds["start"] < 1.0  # (a start on demand takes 2 s)
+        camp._prestart_fresh(_case(rng, 1), True)
+        hot = fresh._hot["proc"]
+        camp._end_fresh_prestart("the candidate passed when screened again")
+        hot.join(10)
+        assert not hot.is_alive() and fresh.prestarted_fresh() is None
+        # with prestarts off, none
+        camp.cfg.prestart = False
+        camp._prestart_fresh(_case(rng, 1), True)
+        assert fresh.prestarts == 2
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def test_a_campaign_s_confirmations_take_their_fresh_engine_started_ahead(tmp_path):
+    """A whole campaign on a slow-starting engine with a speculation bug (N6): its first
+    candidate's fresh confirmation takes the engine prestarted on exactly its case while the
+    candidate was checked (speculation off, screened again), and the failure is still
+    confirmed, shrunk and stored."""
+    cfg = CampaignConfig(engine=ENGINE, engine_kwargs={"inject": "N6"}, budget_s=40, corpus_dir=tmp_path / "c",
+                         methods=("ngram",), work_dir=tmp_path / "wd", spare_engines=True, prestart=True, seed=1)
+    camp = Campaign(cfg)
+    stats = camp.run()
+    fresh = camp._fresh_engine
+    assert stats.findings_new >= 1 and stats.stored, stats
+    assert fresh is not None and fresh.prestarts >= 1 and fresh.hot_starts >= 1, (fresh.starts, fresh.prestarts, fresh.hot_starts)
+    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    assert any(f["role"] == "fresh" and f["failed"] for f in fams)
