@@ -1256,6 +1256,8 @@ class Campaign:
                 else:
                     if not crash_first:
                         crash_first.append(key)
+                        # Kept on disk until it is shrunk and stored, as a confirmed failure is.
+                        self._write_pending_crash(cases[0], crash, list(cases))
                         shrinking()
                         self.on_event(f"crash ({crash.kind}); shrinking", self.stats)
                     crash_best.append((list(cases), crash))
@@ -1471,7 +1473,8 @@ class Campaign:
         self.on_event(f"stored {entry.kind} {path.name} ({entry.label}){how}", self.stats)
 
     def _pending_path(self) -> Path:
-        """This worker's record of a failure confirmed and not yet stored (one at a time)."""
+        """This worker's record of a failure confirmed, or a crash met, and not yet stored (one
+        at a time)."""
         return self.state_dir / f"pending-w{self.cfg.worker}.json"
 
     def _write_pending(self, conf: CaseRun, j: int, calib: CaseRun | None) -> None:
@@ -1498,6 +1501,30 @@ class Campaign:
         except OSError as exc:
             self.on_event(f"could not keep the confirmed failure on disk ({exc}): it is stored once shrunk", self.stats)
 
+    def _write_pending_crash(self, case: Case, crash: EngineCrash, family: list[Case]) -> None:
+        """A new crash's entry as found (its family, mixed in each call as it crashed), written
+        before its shrink starts: every shrink candidate starts a fresh engine process, minutes
+        on a GPU engine, and a campaign killed meanwhile would otherwise lose the crash, itself a
+        finding. The resumed campaign stores it unshrunk (:meth:`_store_pending`)."""
+        call_requests, split = self._last_call
+        try:
+            entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
+                                settings=dict(self.cfg.engine_settings), family=family,
+                                batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
+        except (EngineCrash, InvalidInput) as exc:
+            self.on_event(f"could not keep the crash on disk ({exc}): it is stored once shrunk", self.stats)
+            return
+        entry.extra.update({
+            "shrunk": False,
+            "note": ("Stored from the pending record of a campaign that ended (killed, or its machine lost) while it "
+                     "shrank this crash: not shrunk."),
+        })
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self._pending_path(), entry.to_json())
+        except OSError as exc:
+            self.on_event(f"could not keep the crash on disk ({exc}): it is stored once shrunk", self.stats)
+
     def _store_pending(self) -> None:
         """A failure this worker confirmed in an earlier run that ended before storing it
         (_write_pending): stored now, unshrunk, unless its signature is stored already. Worker 0
@@ -1516,10 +1543,16 @@ class Campaign:
         try:
             entry = Entry.from_json(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            self.on_event(f"a pending confirmed failure could not be read ({path.name}: {exc}); it is left in place", self.stats)
+            self.on_event(f"a pending confirmed failure or crash could not be read ({path.name}: {exc}); it is left in place", self.stats)
             return
         if entry.signature not in self.known:
-            self._store_entry(entry, ", confirmed by an earlier run that ended before shrinking it")
+            if entry.kind == "crash":
+                self._store_entry(entry, ", met by an earlier run that ended while shrinking it")
+                key = _crash_key_of(entry.extra.get("crash_kind"), entry.evidence)
+                stored = self.corpus.path_for(entry)
+                self.crash_entries.setdefault(key, stored)  # met again: seen again, or shrunk then
+            else:
+                self._store_entry(entry, ", confirmed by an earlier run that ended before shrinking it")
         path.unlink(missing_ok=True)
 
     def _arm_watchdog(self) -> bool:

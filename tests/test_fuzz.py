@@ -163,6 +163,34 @@ def test_a_failure_confirmed_before_a_kill_is_stored_unshrunk_when_the_campaign_
     assert unshrunk[0]["extra"]["note"].startswith("Stored from the pending record")
 
 
+@pytest.mark.slow
+def test_a_crash_met_before_a_kill_is_stored_unshrunk_when_the_campaign_resumes(tmp_path):
+    """A campaign killed while it shrank a new crash (every shrink candidate starts a fresh
+    engine process: minutes on a GPU engine) kept the crash on disk as found
+    (.specfuzz/pending-w0.json); the resumed campaign stores it, unshrunk, as a crash entry."""
+    corpus = tmp_path / "corpus"
+    pending = corpus / ".specfuzz" / "pending-w0.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--engine", "example_engines:TopKCrashEngine", "--corpus", str(corpus),
+           "--work-dir", str(tmp_path / "work"), "--quiet", "--seed", "1", "--method", "draft_model"]
+    p = subprocess.Popen(cmd + ["--budget", "120s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 110
+    while time.time() < deadline and not pending.exists() and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert pending.exists(), "no crash was pending before the kill"
+    kept = json.loads(pending.read_text())
+    assert kept["kind"] == "crash" and kept["extra"]["shrunk"] is False and kept["extra"]["crash_kind"] == "signal"
+    assert not list(corpus.glob("crash-*.json"))  # killed while shrinking: nothing stored yet
+    subprocess.run(cmd + ["--budget", "5s"], check=False, stdout=subprocess.DEVNULL, timeout=300, env=env)
+    assert not pending.exists()
+    entries = [json.loads(path.read_text()) for path in corpus.glob("crash-*.json")]
+    unshrunk = [e for e in entries if e["case"] == kept["case"]]
+    assert len(unshrunk) == 1 and unshrunk[0]["extra"]["shrunk"] is False
+    assert unshrunk[0]["extra"]["note"].startswith("Stored from the pending record") and "crash" in unshrunk[0]["extra"]["note"]
+
+
 def test_budget_parsing_accepts_units_and_rejects_garbage():
     assert parse_budget("90s") == 90 and parse_budget("10m") == 600 and parse_budget("2h") == 7200
     assert parse_budget("1h30m") == 5400 and parse_budget("45") == 45
