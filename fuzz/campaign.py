@@ -1526,8 +1526,9 @@ class Campaign:
             self.on_event(f"could not keep the crash on disk ({exc}): it is stored once shrunk", self.stats)
 
     def _store_pending(self) -> None:
-        """A failure this worker confirmed in an earlier run that ended before storing it
-        (_write_pending): stored now, unshrunk, unless its signature is stored already. Worker 0
+        """A failure this worker confirmed (_write_pending), or a crash it met
+        (_write_pending_crash), in an earlier run that ended before storing it: stored now,
+        unshrunk, unless its signature is stored already. Worker 0
         also takes those of workers this run does not have (an earlier run had more)."""
         paths = [self._pending_path()]
         if self.cfg.worker == 0:
