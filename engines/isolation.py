@@ -472,7 +472,7 @@ class IsolatedEngine:
         if fresh and self._hot is not None and self._hot.get("fresh"):
             # A fresh start prestarted on exactly this config (prestart(fresh=True)) serves it;
             # one prestarted for another config ends here (it holds device memory).
-            if self._hot["config"] == config and self._take_hot(config, fresh=True):
+            if self._take_hot(config, fresh=True):
                 return
             self._end_hot("a fresh start of another config")
         # A live engine process is asked to start again on the new config (engines

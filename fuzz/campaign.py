@@ -689,6 +689,15 @@ class Campaign:
                 self.on_event(f"prestarting the speculation-off engine of search {pending[0]}", self.stats)
             self._spec_off_hot_search = pending[0]
 
+    def _case_config(self, case: Case, speculation: bool) -> EngineConfig | None:
+        """The engine config that serves ``case`` in this campaign (its tables written), for a
+        start made ahead; None where the case cannot run (the start it would need is not made)."""
+        try:
+            return engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
+                                 speculation=speculation, settings=dict(self.cfg.engine_settings))
+        except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
+            return None
+
     def _prestart_calibration(self, case: Case) -> None:
         """Before a shrunk speculation failure's fresh confirmation: prestart the
         speculation-off engine on its case, which :meth:`_store_failure` then checks with
@@ -698,12 +707,8 @@ class Campaign:
         eng = self._spec_off_engine
         if eng is None or not self._found_speculation() or not self._prestarts():
             return
-        try:
-            cfg = engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
-                                speculation=False, settings=dict(self.cfg.engine_settings))
-        except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
-            return
-        if eng.prestart(cfg):
+        cfg = self._case_config(case, speculation=False)
+        if cfg is not None and eng.prestart(cfg):
             self._spec_off_hot_search = self.search_index
 
     def _prestart_fresh(self, case: Case, speculation: bool) -> None:
@@ -721,12 +726,9 @@ class Campaign:
         eng = self._fresh_engine
         if not eng.can_prestart():
             return
-        try:
-            cfg = engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
-                                speculation=speculation, settings=dict(self.cfg.engine_settings))
-        except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
-            return
-        eng.prestart(cfg, fresh=True)
+        cfg = self._case_config(case, speculation)
+        if cfg is not None:
+            eng.prestart(cfg, fresh=True)
 
     def _end_fresh_prestart(self, why: str) -> None:
         if self._fresh_engine is not None:
@@ -909,6 +911,14 @@ class Campaign:
         self.stats.budget = self.ledger.read()
         return conf, j
 
+    def _crash_entry(self, case: Case, crash: EngineCrash, family: list[Case]) -> Entry:
+        """The entry of a crash that ``family`` met in the last engine call (its batch and
+        prompt-token split recorded)."""
+        call_requests, split = self._last_call
+        return crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
+                           settings=dict(self.cfg.engine_settings), family=family,
+                           batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
+
     def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None, shrunk: bool = False) -> None:
         self.stats.crashes += 1
         known = self.crash_entries.get(crash_key(crash))
@@ -918,10 +928,7 @@ class Campaign:
                 self.stats.findings_updated += 1
                 self.on_event(f"crash ({crash.kind}) seen again: {crash.detail[:100]} -> {known.name}", self.stats)
                 return
-        call_requests, split = self._last_call
-        entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
-                            settings=dict(self.cfg.engine_settings), family=family or [case],
-                            batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
+        entry = self._crash_entry(case, crash, family or [case])
         entry.extra["shrunk"] = shrunk
         path, new = self.corpus.store(entry)
         if shrunk or crash_key(crash) not in self.crash_entries:
@@ -1058,11 +1065,9 @@ class Campaign:
         def start_ahead(case: Case) -> None:
             # the next start the shrink needs, in the background (it takes the engine's one
             # prestart: the next search's is made again after the shrink)
-            try:
-                eng.prestart(engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
-                                           speculation=speculation, settings=dict(self.cfg.engine_settings)))
-            except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
-                pass
+            cfg = self._case_config(case, speculation)
+            if cfg is not None:
+                eng.prestart(cfg)
         # (--no-prestart: none; the memory split then leaves no room for a prestarted engine)
         prepare = start_ahead if self._prestarts() and eng.can_prestart() else None
         hot = eng.hot_starts
@@ -1495,22 +1500,24 @@ class Campaign:
                         "; speculation off was checked on the same case at the screening level only (its calibration)")
                      + "."),
         })
+        self._keep_pending(entry, "the confirmed failure")
+
+    def _keep_pending(self, entry: Entry, what: str) -> None:
+        """``entry`` written as this worker's pending record (atomically: a kill leaves the old
+        record or the new one)."""
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self._pending_path(), entry.to_json())
         except OSError as exc:
-            self.on_event(f"could not keep the confirmed failure on disk ({exc}): it is stored once shrunk", self.stats)
+            self.on_event(f"could not keep {what} on disk ({exc}): it is stored once shrunk", self.stats)
 
     def _write_pending_crash(self, case: Case, crash: EngineCrash, family: list[Case]) -> None:
         """A new crash's entry as found (its family, mixed in each call as it crashed), written
         before its shrink starts: every shrink candidate starts a fresh engine process, minutes
         on a GPU engine, and a campaign killed meanwhile would otherwise lose the crash, itself a
         finding. The resumed campaign stores it unshrunk (:meth:`_store_pending`)."""
-        call_requests, split = self._last_call
         try:
-            entry = crash_entry(self.engine, case, crash, self.cfg.engine, dtype=self.cfg.dtype,
-                                settings=dict(self.cfg.engine_settings), family=family,
-                                batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
+            entry = self._crash_entry(case, crash, family)
         except (EngineCrash, InvalidInput) as exc:
             self.on_event(f"could not keep the crash on disk ({exc}): it is stored once shrunk", self.stats)
             return
@@ -1519,11 +1526,7 @@ class Campaign:
             "note": ("Stored from the pending record of a campaign that ended (killed, or its machine lost) while it "
                      "shrank this crash: not shrunk."),
         })
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self._pending_path(), entry.to_json())
-        except OSError as exc:
-            self.on_event(f"could not keep the crash on disk ({exc}): it is stored once shrunk", self.stats)
+        self._keep_pending(entry, "the crash")
 
     def _store_pending(self) -> None:
         """A failure this worker confirmed (_write_pending), or a crash it met
