@@ -404,3 +404,21 @@ class SlowRestartTemperatureBugEngine(SlowRestartEngine):
         sent = [r if r.params.greedy else dataclasses.replace(r, params=dataclasses.replace(r.params, temperature=1.0))
                 for r in requests]
         return super().generate(sent)
+
+
+class MinPRefusingEngine(ReferenceEngine):
+    """The reference engine refusing every request with min_p (as an engine refuses a sampling
+    setting its capabilities did not rule out)."""
+
+    name = "min-p-refusing"
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        from specfuzz.errors import InvalidInput
+
+        for req in requests:
+            if req.params.min_p:
+                raise InvalidInput("min_p", req.params.min_p, "0 on this engine")
+        return super().generate(requests)

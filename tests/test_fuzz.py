@@ -256,3 +256,17 @@ def test_a_candidate_that_passes_when_screened_again_alone_gets_no_fresh_engine(
     assert stats.candidates > 0 and stats.rescreened_out == stats.candidates, (stats.candidates, stats.rescreened_out)
     assert stats.confirmations == 0 and camp._fresh_engine is None
     assert _entries(tmp_path / "corpus") == []
+
+
+def test_a_case_the_engine_refuses_is_logged_with_what_was_refused(tmp_path):
+    """A case the engine refuses costs a Hypothesis example and stores nothing; the campaign
+    log says what was refused, with the family's method and features, even with --quiet (on
+    the H200 one SGLang worker had 177 refused cases and its log did not say which)."""
+    _, stats = _campaign(tmp_path, 12, seed=5, engine="tests.example_engines:MinPRefusingEngine", methods=("ngram",))
+    assert stats.refused > 0
+    events = [json.loads(x) for x in (tmp_path / "corpus" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+    refused = [e for e in events if e["event"] == "case refused"]
+    assert len(refused) == stats.refused
+    assert all(e["name"] == "min_p" and e["allowed"] == "0 on this engine" and "min_p" in e["features"] for e in refused)
+    assert all(e["method"] == "ngram" and e["shape"] for e in refused)
+    assert _entries(tmp_path / "corpus") == []

@@ -218,6 +218,23 @@ def test_a_search_slice_counts_sampling_not_its_engines_start(tmp_path, monkeypa
     assert stats.searches >= 2 and stats.findings_new == 0
 
 
+def test_a_search_slice_is_longer_with_more_workers_since_they_share_the_methods(tmp_path, monkeypatch):
+    """The slice's cap keeps every method searched about twice over the campaign: budget x
+    workers / (2 x methods), since W workers start at methods spread over the n. With one
+    worker's cap (budget / (2 x methods)) three workers' slices were a third as long as their
+    coverage needed: on the H200 (SGLang, 960 s, 6 methods) 80-s slices after ~30-s starts."""
+    import specfuzz.fuzz.campaign as campaign
+
+    monkeypatch.setattr(campaign, "SLICE_START_FACTOR", 1000.0)  # the cap decides
+    slices = {}
+    for workers in (1, 3):
+        cfg = CampaignConfig(engine=ENGINE, budget_s=600, corpus_dir=tmp_path / f"c{workers}", methods=("draft_model", "ngram"),
+                             work_dir=tmp_path / f"wd{workers}", max_samples=200, max_k=3, spare_engines=False, prestart=False,
+                             worker=0, workers=workers)
+        slices[workers] = Campaign(cfg)._slice_s()
+    assert slices == {1: 600 / (2 * 2), 3: 600 * 3 / (2 * 2)}
+
+
 def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkeypatch):
     """Restarts after a search's opening start count against its slice: on an engine that
     refuses every swap (each family restarts it, 2 s here; SGLang with a reduced EAGLE-3 draft
