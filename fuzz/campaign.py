@@ -1442,13 +1442,18 @@ class Campaign:
         if self.cfg.calibration_only:
             entry = finding_entry(version, run, None)
             entry.kind = "calibration"
+        elif self._spec_off_found:
+            # Confirmed with speculation off on a fresh engine (and shrunk with speculation off):
+            # a calibration bug, whose evidence is that confirmation. No speculation-off run on
+            # the campaign's speculation-off engine as well: it only repeated the confirmation,
+            # and on the H200 (SGLang, 2026-12-04) it restarted that engine (~25 s) for a
+            # shrunk case's vocabulary after the fresh confirmation had just sampled it.
+            entry = finding_entry(version, conf, None)
+            entry.kind = "calibration"
         else:
             calib = self._calibrate(run.case, seed=self.search_index * 7919 + 1, alpha=conf.judgement.verdict.alpha)
-            if calib.failed or self._spec_off_found:
-                # Speculation off fails too. (A failure confirmed with speculation off on a fresh
-                # engine is a calibration bug even when this last run passes by chance: then the
-                # confirmation is its evidence.)
-                entry = finding_entry(version, calib if calib.failed else conf, None)
+            if calib.failed:
+                entry = finding_entry(version, calib, None)  # speculation off fails too
                 entry.kind = "calibration"
             else:
                 entry = finding_entry(version, run, calib)

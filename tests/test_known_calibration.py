@@ -229,3 +229,30 @@ def test_a_new_calibration_bug_is_confirmed_and_shrunk_with_speculation_off(tmp_
     fresh = [json.loads(line) for line in (corpus / ".specfuzz" / "families.jsonl").read_text().splitlines()]
     fresh = [r for r in fresh if r["role"] == "fresh"]
     assert fresh and all(r["method"] is None for r in fresh), fresh
+
+
+def test_a_calibration_bug_confirmed_with_speculation_off_is_stored_on_that_confirmation(tmp_path):
+    """A candidate that fails with speculation off is confirmed, shrunk and stored with
+    speculation off; its fresh confirmation is the entry's evidence, and storing it runs nothing
+    more on the campaign's speculation-off engine (on the H200 that run restarted SGLang for the
+    shrunk case's vocabulary, ~25 s, to repeat what the fresh confirmation had just sampled)."""
+    corpus = tmp_path / "corpus"
+    camp = Campaign(CampaignConfig(engine="example_engines:TemperatureBugEngine", corpus_dir=corpus,
+                                   work_dir=tmp_path / "work", budget_s=60))
+    camp._profile = camp.engine.capabilities().profile
+    try:
+        case = _case("ngram", temperature=0.5)
+        run = camp._run([case], [camp.cfg.screen_alpha], seed=11, speculation=False)[0]
+        assert run.failed
+        conf, j = camp._confirm(run, False)
+        assert conf.failed
+        camp._spec_off_found = True  # as the search sets it for a candidate that failed with speculation off
+        camp._store_failure(run, conf, j)
+        assert camp._spec_off_engine is None  # nothing ran on it
+        [(path, entry)] = list(Corpus(corpus).entries())
+        assert entry.kind == "calibration" and entry.calibration is None
+        assert entry.counts == dict(conf.counts) and entry.verdict == conf.judgement.verdict.to_dict()
+        assert entry.extra["found_on"]["confirmed_on"] == "fresh engine start, speculation off"
+    finally:
+        for e in camp._engines:
+            e.close()
