@@ -247,6 +247,8 @@ class SGLangEngine(Engine):
             speculates_first_token=False,  # the prefill (extend) step samples the first token
             swap=_swap_setting(st),
             spec_defaults={m: dict(v) for m, v in SPEC_DEFAULTS.items() if m in methods},
+            # SGLang's ignore_eos also switches stop_token_ids off (sglang_mapping.sampling_params_dict refuses both).
+            sampling_exclusive=(frozenset({"ignore_eos", "stop_token_ids"}),),
         )
 
     def version(self) -> Mapping[str, str]:

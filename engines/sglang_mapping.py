@@ -211,6 +211,8 @@ SPEC_KNOBS: dict[str, tuple] = {
     "inject": (None,), "ngram_min": (1,),
     # EAGLE heads also draft by rejection sampling (speculative_use_rejection_sampling).
     "eagle.draft_sampling": ("greedy", "sampled"), "eagle3.draft_sampling": ("greedy", "sampled"),
+    # ... only where the head's vocabulary is the target's (speculative_kwargs refuses the rest).
+    "eagle.draft_sampling_reduced": ("greedy",), "eagle3.draft_sampling_reduced": ("greedy",),
     # NGRAM up to its default: 12 draft tokens (root + 11), BFS breadth 10 down to 1, trie depth 18.
     "ngram.num_speculative_tokens": tuple(range(1, 12)),
     "ngram_tree.num_speculative_tokens": tuple(range(1, 12)),

@@ -1019,6 +1019,7 @@ class Campaign:
             max_patterns=self.cfg.max_patterns, shape=shape, max_tokens=self.cfg.max_tokens,
             sampling=caps.honoured(speculation),
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
+            exclusive=tuple(getattr(caps, "sampling_exclusive", ()) or ()),
         )
 
     def _example_database(self):

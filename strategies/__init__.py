@@ -12,6 +12,7 @@ that a running engine takes by swapping its tables.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,11 +64,15 @@ ALL_SAMPLING = frozenset(SamplingParams.__dataclass_fields__)
 
 
 @st.composite
-def sampling_params(draw, V: int, max_tokens: int, eos: int | None, allowed: frozenset[str] = ALL_SAMPLING) -> SamplingParams:
-    """Sampling settings; each optional feature is off unless drawn on, and only features in ``allowed``."""
+def sampling_params(draw, V: int, max_tokens: int, eos: int | None, allowed: frozenset[str] = ALL_SAMPLING,
+                    exclusive: tuple[frozenset[str], ...] = ()) -> SamplingParams:
+    """Sampling settings; each optional feature is off unless drawn on, and only features in
+    ``allowed``; of each pair in ``exclusive`` (Capabilities.sampling_exclusive) at most one."""
     kw: dict = {"max_tokens": max_tokens}
 
     def on(name: str) -> bool:
+        if any(name in pair and (pair - {name}) & kw.keys() for pair in exclusive):
+            return False
         return name in allowed and draw(st.booleans())
 
     if on("temperature"):
@@ -101,8 +106,12 @@ def sampling_params(draw, V: int, max_tokens: int, eos: int | None, allowed: fro
 
 
 def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k: int = 3, inject: str | None = None,
-                 knobs: dict | None = None):
-    """Speculation settings; ``knobs`` restricts fields to the values an engine accepts."""
+                 knobs: dict | None = None, vocab: int | None = None):
+    """Speculation settings; ``knobs`` restricts fields to the values an engine accepts.
+    ``vocab``: the target vocabulary, which bounds a draft model's tree top-k (``eagle_tree``:
+    the drafter proposes the top-k tokens of a distribution over that many; SGLang refuses a
+    larger k, and on the H200 one search of an EAGLE tree with top-4 on V=3 had all its 357
+    cases refused)."""
     knobs = dict(knobs or {})
 
     def pick(draw, name: str, values: list, method: str | None = None):
@@ -111,13 +120,13 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
         vals = [v for v in values if allowed is None or v in allowed]
         return draw(st.sampled_from(vals or list(allowed)))
 
-    def ints(draw, name: str, lo: int, hi: int, method: str) -> int:
+    def ints(draw, name: str, lo: int, hi: int, method: str, cap: int | None = None) -> int:
         # An engine that states the values it accepts (e.g. SGLang's trees up to its default
-        # sizes) gets them drawn, smallest first; otherwise lo..hi.
+        # sizes) gets them drawn, smallest first; otherwise lo..hi. ``cap``: none above it.
         allowed = knobs.get(f"{method}.{name}", knobs.get(name))
         if allowed is None:
-            return draw(st.integers(lo, hi))
-        vals = sorted(v for v in allowed if v is not None and v >= lo)
+            return draw(st.integers(lo, hi if cap is None else max(lo, min(hi, cap))))
+        vals = sorted(v for v in allowed if v is not None and v >= lo and (cap is None or v <= cap))
         return draw(st.sampled_from(vals)) if vals else lo
 
     @st.composite
@@ -133,7 +142,7 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
             lo = pick(draw, "ngram_min", [1, 2])
             kw["ngram_min"], kw["ngram_max"] = lo, ints(draw, "ngram_max", lo, 3, method)
         if method in ("eagle_tree", "ngram_tree"):
-            kw["tree_topk"] = ints(draw, "tree_topk", 1, 3, method)
+            kw["tree_topk"] = ints(draw, "tree_topk", 1, 3, method, cap=vocab if method == "eagle_tree" else None)
             kw["tree_budget"] = ints(draw, "tree_budget", 1, 6, method)
             mins = knobs.get(f"{method}.tree_topk_min", knobs.get("tree_topk_min"))
             if mins is not None and "tree_topk_min" in SpecConfig.__dataclass_fields__:
@@ -247,27 +256,38 @@ def start_shapes(
             kw["num_speculative_tokens"] = draw(st.integers(1, max_k))
         spec = SpecConfig(**kw)
     else:
-        spec = draw(spec_configs(fit, max_k, inject, spec_knobs))
+        spec = draw(spec_configs(fit, max_k, inject, spec_knobs, vocab=V))
     width = d2t = None
     if spec.uses_draft_model:
         width = _draft_width(draw, V, spec, "narrower" if spec.method in ("eagle", "eagle3") else draft_vocab)
         if spec.engine_default and spec.method in ("eagle", "eagle3", "eagle_tree"):
             width = max(width, min(V, int(spec.tree_topk)))  # the default tree's top-k
+        spec = _reduced_draft_sampling(draw, spec, V, width, spec_knobs)
         if spec.method == "eagle3" and width < V:
             d2t = draw(reduced_vocab_maps(V, width))
     return StartShape(V, eos, spec, width, d2t)
 
 
+def _reduced_draft_sampling(draw, spec: SpecConfig, V: int, width: int, knobs: dict | None) -> SpecConfig:
+    """``spec`` with a draft sampling the engine takes for a draft narrower than the target:
+    the knob ``<method>.draft_sampling_reduced`` (SGLang's EAGLE rejection sampling needs the
+    draft and target to share one vocabulary, so only greedy drafting there)."""
+    allowed = (knobs or {}).get(f"{spec.method}.draft_sampling_reduced")
+    if width >= V or not allowed or spec.draft_sampling in allowed:
+        return spec
+    return dataclasses.replace(spec, draft_sampling=draw(st.sampled_from(list(allowed))))
+
+
 @st.composite
 def shape_cases(draw, shape: StartShape, max_tokens: int = 3, sampling: frozenset[str] = ALL_SAMPLING,
-                min_tokens_speculating: int = 1) -> Case:
+                min_tokens_speculating: int = 1, exclusive: tuple[frozenset[str], ...] = ()) -> Case:
     """A case of a given start shape: target and draft tables, prompt, request."""
     V = shape.vocab_size
     target = draw(tables(V, V))
     prompt = draw(prompts(V, long=True))
     lo = min(max_tokens, min_tokens_speculating) if shape.spec is not None else 1
     mt = draw(st.integers(lo, max_tokens))
-    params = draw(sampling_params(V, mt, shape.eos_token_id, sampling))
+    params = draw(sampling_params(V, mt, shape.eos_token_id, sampling, exclusive))
     draft = draw(draft_tables(target, shape.draft_width)) if shape.draft_width is not None else None
     return Case(target, prompt, params, eos_token_id=shape.eos_token_id, spec=shape.spec, draft_table=draft,
                 draft_d2t=shape.draft_d2t)
@@ -309,11 +329,12 @@ def cases(
     params = draw(sampling_params(V, mt, eos, sampling))
     if not speculation:
         return Case(target, prompt, params, eos_token_id=eos)
-    spec = draw(spec_configs(tuple(m for m in methods if floors.get(m, 2) <= V), max_k, inject, spec_knobs))
+    spec = draw(spec_configs(tuple(m for m in methods if floors.get(m, 2) <= V), max_k, inject, spec_knobs, vocab=V))
     draft = d2t = None
     if spec.uses_draft_model:
         # EAGLE heads draft over (a subset of) the target's vocabulary: never wider.
         width = _draft_width(draw, V, spec, "narrower" if spec.method in ("eagle", "eagle3") else draft_vocab)
+        spec = _reduced_draft_sampling(draw, spec, V, width, spec_knobs)
         draft = draw(draft_tables(target, width))
         if spec.method == "eagle3" and width < V:
             d2t = draw(reduced_vocab_maps(V, width))
@@ -338,10 +359,10 @@ def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, 
     One engine start (or swap) serves the whole family; the patterns differ in prompt and
     sampling settings, so a batch mixes them (greedy with random, different prompts, ...).
     ``shape``: every family has this start shape (kw then takes only ``max_tokens``,
-    ``sampling`` and ``min_tokens_speculating``).
+    ``sampling``, ``min_tokens_speculating`` and ``exclusive``).
     """
     if shape is not None:
-        kw = {k: v for k, v in kw.items() if k in ("max_tokens", "sampling", "min_tokens_speculating")}
+        kw = {k: v for k, v in kw.items() if k in ("max_tokens", "sampling", "min_tokens_speculating", "exclusive")}
         first = draw(shape_cases(shape, **kw))
         speculating = shape.spec is not None
     else:
@@ -352,6 +373,6 @@ def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, 
     for _ in range(draw(st.integers(0, max_patterns - 1))):
         lo = min(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1)) if speculating else 1
         mt = draw(st.integers(lo, kw.get("max_tokens", 3)))
-        params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING)))
+        params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING), kw.get("exclusive", ())))
         out.append(first.with_(prompt=draw(prompts(V, long=shape is not None)), params=params))
     return out

@@ -1085,3 +1085,45 @@ def test_gpu_engine_defaults_run_sglangs_own_defaults_and_agree_with_mu(tmp_path
         assert run.judgement.verdict.status != "fail", f"{method}: {run.judgement.verdict.evidence}"
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("engine_default", [False, True])
+def test_every_case_the_campaign_draws_for_sglang_passes_the_adapters_own_checks(tmp_path, engine_default):
+    """The start shapes and case families a campaign draws from SGLang's capabilities (as
+    Campaign._shape and _strategy draw them) are ones the adapter's pure mapping takes: a case
+    it refuses costs a Hypothesis example, and a refused start shape a whole search (on the
+    H200, 2026-12-04: an EAGLE tree of top-4 on V=3, 357 cases refused; ignore_eos with
+    stop_token_ids, 94 requests)."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from specfuzz.fuzz.run import max_model_len
+    from specfuzz.strategies import case_families, start_shapes
+
+    caps = SGLangEngine().capabilities()
+    methods = tuple(m for m in caps.methods if not engine_default or m in caps.spec_defaults)
+    seen: set = set()
+
+    @st.composite
+    def families(draw):
+        method = draw(st.sampled_from(methods))
+        shape = draw(start_shapes(methods=(method,), draft_vocab=caps.draft_vocab, spec_knobs=dict(caps.spec_knobs),
+                                  spec_defaults=dict(caps.spec_defaults), engine_default=engine_default,
+                                  max_vocab=6, max_k=5, min_vocab=dict(caps.min_vocab)))
+        fam = draw(case_families(max_patterns=6, shape=shape, max_tokens=4, sampling=caps.honoured(True),
+                                 min_tokens_speculating=2, exclusive=caps.sampling_exclusive))
+        return shape, fam
+
+    @settings(max_examples=400, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(families())
+    def check(drawn):
+        shape, fam = drawn
+        spec, V = shape.spec, shape.vocab_size
+        dv = shape.draft_width if spec.method in ("eagle", "eagle3") else (V if spec.uses_draft_model else None)
+        speculative_kwargs(spec, draft_dir=tmp_path if spec.uses_draft_model else None, target_vocab=V, draft_vocab=dv)
+        limit = max_model_len(max(len(c.prompt) + c.params.max_tokens for c in fam))
+        for c in fam:
+            sampling_params_dict(Request(c.prompt, c.params, seed=1), vocab_size=V, max_model_len=limit)
+        seen.add(spec.method)
+
+    check()
+    assert set(methods) <= seen  # every method was drawn (and taken)
