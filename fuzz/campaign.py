@@ -405,6 +405,9 @@ class Campaign:
         # The current search's failure fails with speculation off too (a bug of the target's
         # sampler): it is confirmed and shrunk with speculation off (_search, _found_speculation).
         self._spec_off_found = False
+        # Candidates of this run confirmed on a fresh engine, by kind: [speculation failures,
+        # calibration bugs] (_calibration_likely: which fresh confirmation to start ahead).
+        self._confirmed_kinds = [0, 0]
         self._last_call: tuple[int, int | None] = (0, None)  # the last run's largest call and split (_run)
         self._prestart_due = False  # the next search's engine is to be prestarted (_prestart_next)
         # The speculation-off engine's prestarts (_prestart_spec_off): the next search's config
@@ -741,6 +744,13 @@ class Campaign:
         cfg = self._case_config(case, speculation)
         if cfg is not None:
             eng.prestart(cfg, fresh=True)
+
+    def _calibration_likely(self) -> bool:
+        """Whether more of this run's confirmed candidates were calibration bugs (speculation off
+        fails too) than speculation failures: the next candidate's fresh confirmation is then
+        started ahead with speculation off."""
+        spec, calib = self._confirmed_kinds
+        return calib > spec
 
     def _end_fresh_prestart(self, why: str) -> None:
         if self._fresh_engine is not None:
@@ -1088,9 +1098,21 @@ class Campaign:
                 eng.prestart(cfg)
         # (--no-prestart: none; the memory split then leaves no room for a prestarted engine)
         prepare = start_ahead if self._prestarts() and eng.can_prestart() else None
+
+        def on_kept(case: Case, kept) -> bool:
+            # A kept speculation failure that is a stored finding (the check the shrink's result
+            # gets, below) ends the shrink: on the H200 (SGLang, 2026-12-04) five of six greedy
+            # shrinks ended at a stored entry after 64-127 s, most of it engine restarts for
+            # further reductions. Otherwise the kept case's fresh confirmation engine starts in
+            # the background: if nothing smaller is kept, the confirmation below takes it.
+            if (known_check and speculation and getattr(kept, "judgement", None) is not None
+                    and self._shrunk_known(kept, "a reduction the greedy shrinker kept")):
+                return True
+            self._prestart_fresh(case, speculation)
+            return False
         hot = eng.hot_starts
         res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation, prepare=prepare,
-                     start_key=lambda c: start_key(c, speculation=speculation))
+                     start_key=lambda c: start_key(c, speculation=speculation), on_kept=on_kept)
         if prepare is not None:
             # the next search's engines, prestarted again (the shrink's prestarts replaced them)
             if eng is self.engine:
@@ -1099,9 +1121,14 @@ class Campaign:
                 self._prestart_spec_off(search_over=True)
         # Its candidates run through the reproducer, not as families: one line in the campaign log.
         self._log_event({"event": "greedy shrink", "seconds": round(time.monotonic() - t0, 2), "starts": eng.starts - starts,
-                         "prestarted": eng.hot_starts - hot, "kept": bool(res.kept), "steps": list(res.steps)[:20]})
+                         "prestarted": eng.hot_starts - hot, "kept": bool(res.kept), "steps": list(res.steps)[:20],
+                         **({"stopped": "a stored finding met again"} if res.stopped else {})})
+        if res.stopped:
+            self._end_fresh_prestart("the shrink met a stored finding")
+            return None, None, None, res
         if res.kept and res.last_run is not None and getattr(res.last_run, "judgement", None) is not None:
             if known_check and speculation and self._shrunk_known(res.last_run, "the greedy shrinker's smallest failure"):
+                self._end_fresh_prestart("the shrink's smallest failure is a stored finding")
                 return None, None, None, res
             if speculation:
                 self._prestart_calibration(res.last_run.case)
@@ -1318,8 +1345,11 @@ class Campaign:
                 else:
                     cand, spec, pre = r, speculation, None
                     # Its fresh confirmation's engine starts now, in the background, while the
-                    # checks below run on the running engines (speculation off, screened again).
-                    self._prestart_fresh(r.case, speculation)
+                    # checks below run on the running engines (speculation off, screened again):
+                    # with speculation off where most candidates confirmed so far were calibration
+                    # bugs (SGLang on the H200: 6 of 14 fresh prestarts went unused for that).
+                    ahead = speculation and not self._calibration_likely()
+                    self._prestart_fresh(r.case, ahead)
                     if speculation:
                         # Speculation off first, on the running speculation-off engine (its tables
                         # swapped in and checked): where the target's own sampler fails too, the
@@ -1334,6 +1364,8 @@ class Campaign:
                                           f"{pre.crash.detail[:120]}); it goes on with speculation on", self.stats)
                         if pre.failed:
                             cand, spec = pre, False
+                        if spec != ahead:
+                            self._prestart_fresh(r.case, spec)  # the other kind after all
                     if spec == speculation:
                         # Screened again alone, on the running engine (fresh samples, the screening
                         # level), before a fresh engine starts for it: the confirmation runs it alone
@@ -1354,6 +1386,7 @@ class Campaign:
                     if not conf.failed:
                         continue
                     self._spec_off_found = not spec and speculation
+                    self._confirmed_kinds[int(self._spec_off_found)] += 1
                     # Kept on disk until the failure is shrunk and stored: a campaign killed (or
                     # its machine lost) meanwhile stores it unshrunk when it resumes.
                     self._write_pending(conf, j, pre if spec else None)

@@ -232,6 +232,7 @@ class ShrinkResult:
     budget_exhausted: bool = False
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: what was kept so far is the result
     family: Family = ()  # every request pattern left (:func:`shrink_family`); (case,) for one case
+    stopped: bool = False  # ended by ``on_kept`` after a kept reduction (see :func:`shrink_family`)
 
 
 def _describe(old: Case, new: Case) -> str:
@@ -269,22 +270,25 @@ def _describe_family(old: Family, new: Family) -> str:
 def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s: float,
            log: Callable[[str], None] = lambda s: None, speculation: bool = True,
            start_key: Callable[[Case], object] | None = None,
-           prepare: Callable[[Case], None] | None = None) -> ShrinkResult:
+           prepare: Callable[[Case], None] | None = None,
+           on_kept: Callable[[Case, object], bool] | None = None) -> ShrinkResult:
     """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
     the entry's problem, else None. Stops when no candidate reproduces, at the budget, or
     on KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI): a kill must not throw away
     the reductions already confirmed, so they are the result, marked not minimal.
     ``speculation``: whether the runs speculate (see :func:`candidates`).
-    ``start_key``, ``prepare``: see :func:`shrink_family`."""
+    ``start_key``, ``prepare``, ``on_kept``: see :func:`shrink_family`."""
     return shrink_family((case,), lambda f: reproduces(f[0]), budget_s=budget_s, log=log, speculation=speculation,
                          start_key=None if start_key is None else lambda f: start_key(f[0]),
-                         prepare=None if prepare is None else lambda f: prepare(f[0]))
+                         prepare=None if prepare is None else lambda f: prepare(f[0]),
+                         on_kept=None if on_kept is None else lambda f, run: on_kept(f[0], run))
 
 
 def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object | None], *, budget_s: float,
                   log: Callable[[str], None] = lambda s: None, speculation: bool = True,
                   start_key: Callable[[Family], object] | None = None,
-                  prepare: Callable[[Family], None] | None = None) -> ShrinkResult:
+                  prepare: Callable[[Family], None] | None = None,
+                  on_kept: Callable[[Family, object], bool] | None = None) -> ShrinkResult:
     """:func:`shrink` for a family of request patterns that crash (or fail) mixed in one
     engine call: ``reproduces(f)`` runs every pattern of ``f`` mixed. Candidates from
     :func:`family_candidates`; the result's ``family`` holds the patterns left, ``case`` the
@@ -298,13 +302,15 @@ def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object 
     settings, no EOS, back for zero tables), ~20-30 s each on SGLang.
     ``prepare(f)``: with ``start_key``, for an engine that can start one in the background:
     called with the first candidate that needs another start before the pass runs those that
-    do not, so that the start runs while they do."""
+    do not, so that the start runs while they do.
+    ``on_kept(f, run)``: called after each kept reduction with the family kept and its run;
+    True ends the shrink there (``stopped``), e.g. once the kept case is a known bug."""
     t0 = time.monotonic()
     fam = tuple(family)
     res = ShrinkResult(fam[0], family=fam)
     tried: set[str] = {family_key(list(fam))}
     try:
-        _greedy(res, reproduces, tried, t0, budget_s, log, speculation, start_key, prepare)
+        _greedy(res, reproduces, tried, t0, budget_s, log, speculation, start_key, prepare, on_kept)
     except KeyboardInterrupt:
         res.interrupted = res.budget_exhausted = True
         log(f"interrupted after {res.tried} candidates: keeping the {res.kept} reductions so far")
@@ -327,7 +333,7 @@ def _by_start(cands: list[Family], current: Family, start_key, tried: set[str]) 
 
 
 def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s: float, log, speculation: bool,
-            start_key=None, prepare=None) -> None:
+            start_key=None, prepare=None, on_kept=None) -> None:
     improved = True
     while improved:
         improved = False
@@ -355,6 +361,9 @@ def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s:
                 # leave the last step out of the record, never pair old steps with a new case.
                 res.family, res.case, res.last_run, res.steps, res.kept = cand, cand[0], run, res.steps + [step], res.kept + 1
                 log(f"kept ({res.kept}/{res.tried}): {step}")
+                if on_kept is not None and on_kept(cand, run):
+                    res.stopped = True
+                    return
                 improved = True
                 break
 

@@ -163,3 +163,32 @@ def test_a_failure_that_shrinks_to_a_stored_finding_is_not_confirmed_afresh_or_s
     finally:
         for e in camp._engines:
             e.close()
+
+
+def test_a_greedy_shrink_ends_at_the_first_kept_reduction_that_is_a_stored_finding(tmp_path):
+    """A kept reduction that is a stored speculation finding met again ends the greedy shrink
+    there: no further reductions (on SGLang, restarts for each smaller vocabulary), no fresh
+    confirmation, the stored entry seen again. On the H200 five of six greedy shrinks ran on
+    for 64-127 s before their smallest case was recognised as a stored finding."""
+    corpus = tmp_path / "corpus"
+    stored = _store_finding(corpus, "reference+N6", _case())
+    camp = _campaign(tmp_path, corpus, engine_kwargs={"inject": "N6"})
+    try:
+        big = _case(temperature=0.9, presence_penalty=0.5)
+        run = camp._run([big], [camp.cfg.screen_alpha], seed=51)[0]
+        assert run.failed
+        got = camp._greedy_shrink(run, None, None, True, budget_s=120, seed=52, known_check=True)
+        small, conf, j, res = got
+        assert (small, conf, j) == (None, None, None) and res.stopped and res.kept == 1, res.steps
+        assert camp.stats.shrunk_known == 1 and camp.stats.findings_known == 1
+        assert camp._fresh_engine is None  # no fresh confirmation, none started ahead
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        ev = [json.loads(x) for x in (corpus / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+        assert [e.get("stopped") for e in ev if e["event"] == "greedy shrink"] == ["a stored finding met again"]
+        # with no stored finding, the same shrink goes on past that reduction
+        camp.finding_entries.clear()
+        small, conf, j, res = camp._greedy_shrink(run, None, None, True, budget_s=120, seed=53, known_check=True)
+        assert not res.stopped and res.kept >= 2 and conf is not None and conf.failed, res.steps
+    finally:
+        for e in camp._engines:
+            e.close()

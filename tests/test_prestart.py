@@ -385,6 +385,11 @@ def test_the_campaign_s_greedy_shrinker_starts_each_smaller_vocabulary_in_the_ba
             assert g["starts"] >= 2 and g["prestarted"] == 0 and eng.prestarts == 0, g
             return
         assert g["starts"] >= 2 and g["prestarted"] >= 1, g
+        # the smallest case's fresh confirmation took the engine started for it in the
+        # background when the shrinker kept it (one fresh prestart per kept reduction)
+        fresh = camp._fresh_engine
+        assert fresh is not None and fresh.starts == 1 and fresh.hot_starts == 1, (fresh.starts, fresh.hot_starts)
+        assert fresh.prestarts == len(res.steps) >= 2
         # after it, the next search's engine is the one prestarting
         nxt = simplest_family_of(camp, 2)
         assert eng.prestarted_key() == swap_key(engine_config(nxt, tmp_path / "wd" / "checkpoints"))
@@ -516,3 +521,33 @@ def test_a_campaign_s_confirmations_take_their_fresh_engine_started_ahead(tmp_pa
     assert fresh is not None and fresh.prestarts >= 1 and fresh.hot_starts >= 1, (fresh.starts, fresh.prestarts, fresh.hot_starts)
     fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
     assert any(f["role"] == "fresh" and f["failed"] for f in fams)
+
+
+def test_a_candidate_s_fresh_confirmation_is_started_ahead_with_speculation_off_where_calibration_bugs_prevail(tmp_path, monkeypatch):
+    """Where most candidates this run confirmed were calibration bugs (the target's sampler
+    fails with speculation off too: SGLang's penalties on the H200), the next candidate's fresh
+    confirmation engine is started ahead with speculation off; started with speculation on
+    (before), it went unused whenever the candidate turned out a calibration bug (6 of 14 fresh
+    starts on the H200, 2026-12-04) and the confirmation started cold. When the speculation-off
+    check says otherwise, the other kind is started at once, and the confirmation takes it."""
+    calls: list[tuple[dict, bool]] = []
+    real = Campaign._prestart_fresh
+
+    def spy(self, case, speculation):
+        calls.append((case.to_json(), speculation))
+        return real(self, case, speculation)
+
+    monkeypatch.setattr(Campaign, "_prestart_fresh", spy)
+    cfg = CampaignConfig(engine="tests.example_engines:SlowRestartTemperatureBugEngine", budget_s=30,
+                         corpus_dir=tmp_path / "c", methods=("draft_model",), work_dir=tmp_path / "wd",
+                         max_samples=400, max_k=3, spare_engines=True, prestart=True, seed=3)
+    camp = Campaign(cfg)
+    camp._confirmed_kinds = [0, 1]  # as after one calibration bug confirmed earlier in the run
+    camp.run()
+    assert calls and calls[0][1] is False  # the first candidate's, with speculation off
+    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    first = next(f for f in fams if f["role"] == "fresh")
+    if first["method"] is not None:  # its speculation-off check passed: the other kind, started at once
+        assert calls[1] == (calls[0][0], True)
+    fresh = camp._fresh_engine
+    assert fresh is not None and fresh.hot_starts >= 1, (fresh.starts, fresh.prestarts, fresh.hot_starts)
