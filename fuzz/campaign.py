@@ -149,6 +149,14 @@ def draw_example(strategy, seed: int, simplest: bool = False):
     return seen[-1]
 
 
+def _family_fields(cases: list[Case], speculation: bool) -> dict:
+    """What the campaign log and the family log record of a family: its speculation method
+    (None with speculation off), vocabulary, request patterns and the sampling features in play."""
+    spec = cases[0].spec if speculation else None
+    return {"method": None if spec is None else spec.method, "V": cases[0].vocab_size, "patterns": len(cases),
+            "features": sorted({f for c in cases for f in active_features(c.to_json())})}
+
+
 def merge_worker_totals(corpus_dir: Path, workers: int, first: dict) -> dict:
     """The totals of ``workers`` campaign processes sharing a corpus, added up (worker 0's
     are ``first``; the others' are read from their state files)."""
@@ -572,12 +580,8 @@ class Campaign:
         campaign log with what was refused and the family it was refused in: on the H200
         (SGLang, 2026-12-04) one worker's searches had 177 cases refused, which cost Hypothesis
         examples, and the ``--quiet`` log did not say what they were."""
-        spec = cases[0].spec if speculation else None
-        self._log_event({
-            "event": "case refused", "name": exc.name, "value": repr(exc.value)[:200], "allowed": str(exc.allowed)[:300],
-            "method": None if spec is None else spec.method, "V": cases[0].vocab_size, "patterns": len(cases),
-            "features": sorted({f for c in cases for f in active_features(c.to_json())}),
-        })
+        self._log_event({"event": "case refused", "name": exc.name, "value": repr(exc.value)[:200],
+                         "allowed": str(exc.allowed)[:300], **_family_fields(cases, speculation)})
 
     def _store_stale_weights(self, case: Case, ev: dict) -> None:
         try:
@@ -762,12 +766,12 @@ class Campaign:
         sampling features in play, patterns, samples) and where its time went (start, swap,
         generate, the rest), so that a slow engine's slow features can be told apart."""
         spec = cases[0].spec if speculation else None
+        fields = _family_fields(cases, speculation)
         rec = {
             "time": round(time.time(), 3), "worker": self.cfg.worker, "search": self.search_index, "role": "fresh" if fresh else (
                 "calibration" if eng is self._spec_off_engine else "shrink" if self._shrinking else "search"),
-            "method": None if spec is None else spec.method, "engine_default": bool(spec is not None and spec.engine_default),
-            "V": cases[0].vocab_size, "patterns": len(cases), "samples": sum(r.n for r in runs),
-            "features": sorted({f for c in cases for f in active_features(c.to_json())}),
+            "method": fields["method"], "engine_default": bool(spec is not None and spec.engine_default),
+            "V": fields["V"], "patterns": fields["patterns"], "samples": sum(r.n for r in runs), "features": fields["features"],
             "prompt_tokens": max(len(c.prompt) for c in cases), "max_tokens": max(c.params.max_tokens for c in cases),
             "failed": sum(r.failed for r in runs), "crash": any(r.crash is not None for r in runs),
             "seconds": {k: round(eng.seconds[k] - secs.get(k, 0.0), 4) for k in ("start", "swap", "generate")},
