@@ -357,9 +357,8 @@ def test_a_campaign_prestarts_the_speculation_off_engine_of_each_next_search(tmp
 def test_the_campaign_s_greedy_shrinker_starts_each_smaller_vocabulary_in_the_background(tmp_path, prestart):
     """On an engine that restarts for a smaller vocabulary (SGLang: ~20-25 s a start), the
     greedy shrinker tries the reductions that keep the vocabulary while the next smaller one
-    starts in the background, so its starts are prestarted ones; it reaches V=2, here in the one
-    start of its shape floor (V 4 -> 2 at once: the bug shows at any vocabulary), and the next
-    search's engine is prestarted again afterwards. With --no-prestart (whose memory split
+    starts in the background, so its starts are prestarted ones; it still reaches V=2, and the
+    next search's engine is prestarted again afterwards. With --no-prestart (whose memory split
     leaves no room for one) it prestarts nothing."""
     from specfuzz.oracle.speculative import SpecConfig
 
@@ -382,11 +381,10 @@ def test_the_campaign_s_greedy_shrinker_starts_each_smaller_vocabulary_in_the_ba
         assert small.case.vocab_size == 2 and conf is not None and conf.failed, res.steps
         ev = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
         g = [e for e in ev if e["event"] == "greedy shrink"][-1]
-        assert any(s.startswith("start shape floor: V 4 -> 2") for s in res.steps), res.steps
         if not prestart:
-            assert g["starts"] == 1 and g["prestarted"] == 0 and eng.prestarts == 0, g
+            assert g["starts"] >= 2 and g["prestarted"] == 0 and eng.prestarts == 0, g
             return
-        assert g["starts"] == 1 and g["prestarted"] == 1, g
+        assert g["starts"] >= 2 and g["prestarted"] >= 1, g
         # the smallest case's fresh confirmation took the engine started for it in the
         # background when the shrinker kept it (one fresh prestart per kept reduction)
         fresh = camp._fresh_engine
