@@ -4,16 +4,13 @@ The greedy shrinker (fuzz/shrink.py) runs its candidates on one engine that swap
 restarts for anything a swap cannot change (fuzz/run.py ``start_key``: vocabulary, EOS,
 speculation settings, the draft's shape, the context length). In the plain candidate order a
 pass whose reductions fail goes back and forth between starts; with ``start_key`` each pass
-runs the candidates served by the running start first, then the others grouped by start;
-since 2026-12-04 night grouped shrinking also offers the *shape floor* once (every unreferenced
-token dropped, K 1, tree budget 1, the n-gram window at its minimum: one start instead of one
-per vocabulary drop and K cut). A restart took 20-37 s on SGLang on the H200 (2026-12-04).
+runs the candidates served by the running start first, then the others grouped by start.
+A restart took 20-37 s on SGLang on the H200 (2026-12-04).
 
 This counts, for random cases and a random failure condition per case (which features,
 vocabulary size, K, EOS and output length the failure needs), the restarts a simulated engine
 makes (consecutive candidates with different start keys), the candidates run and the final
-case, in the plain order, grouped without the floor, and grouped with it (the shrinker as it
-is). No engine runs: the failure is a predicate, so the numbers are exact
+case, in both orders. No engine runs: the failure is a predicate, so the numbers are exact
 counts for the orders, not timings.
 
     python bench/shrink_restarts.py [--cases 300] [--out bench/results/shrink_restarts.json]
@@ -32,7 +29,6 @@ import numpy as np
 
 from specfuzz.case import Case
 from specfuzz.fuzz.run import start_key
-from specfuzz.fuzz import shrink as shrink_module
 from specfuzz.fuzz.shrink import shrink
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
@@ -77,7 +73,7 @@ def failure_condition(case: Case, rng: np.random.Generator):
     return fails
 
 
-def run(case: Case, fails, grouped: bool, floor: bool = True) -> dict:
+def run(case: Case, fails, grouped: bool) -> dict:
     running = [start_key(case)]
     restarts = [0]
 
@@ -88,16 +84,9 @@ def run(case: Case, fails, grouped: bool, floor: bool = True) -> dict:
             running[0] = k
         return c if fails(c) else None
 
-    real_floor = shrink_module.shape_floor
-    if not floor:
-        shrink_module.shape_floor = lambda *a, **k: None
-    try:
-        res = shrink(case, reproduces, budget_s=600, start_key=start_key if grouped else None)
-    finally:
-        shrink_module.shape_floor = real_floor
+    res = shrink(case, reproduces, budget_s=600, start_key=start_key if grouped else None)
     c = res.case
     return {"restarts": restarts[0], "candidates": res.tried, "kept": res.kept,
-            "floor_kept": any(s.startswith("start shape floor") for s in res.steps),
             "final": (c.vocab_size, c.spec.num_speculative_tokens, len(c.prompt), c.params.max_tokens, c.eos_token_id is None)}
 
 
@@ -114,8 +103,7 @@ def main(argv=None) -> int:
         fails = failure_condition(case, rng)
         if not fails(case):
             continue
-        rows.append({"plain": run(case, fails, False), "grouped": run(case, fails, True, floor=False),
-                     "floor": run(case, fails, True)})
+        rows.append({"plain": run(case, fails, False), "grouped": run(case, fails, True)})
 
     def summary(order: str) -> dict:
         r = [x[order]["restarts"] for x in rows]
@@ -124,8 +112,6 @@ def main(argv=None) -> int:
                 "restarts_max": max(r), "candidates_mean": round(statistics.mean(c), 2)}
 
     same_size = sum(x["plain"]["final"] == x["grouped"]["final"] for x in rows)
-    kept = [x["grouped"]["restarts"] - x["floor"]["restarts"] for x in rows if x["floor"]["floor_kept"]]
-    lost = [x["grouped"]["restarts"] - x["floor"]["restarts"] for x in rows if not x["floor"]["floor_kept"]]
     out = {
         "date": datetime.date.today().isoformat(),
         "cases": len(rows),
@@ -135,20 +121,6 @@ def main(argv=None) -> int:
         "fewer_restarts": sum(x["grouped"]["restarts"] < x["plain"]["restarts"] for x in rows),
         "more_restarts": sum(x["grouped"]["restarts"] > x["plain"]["restarts"] for x in rows),
         "same_final_shape": same_size,
-        "floor": summary("floor"),
-        "floor_vs_grouped": {
-            "fewer_restarts": sum(x["floor"]["restarts"] < x["grouped"]["restarts"] for x in rows),
-            "more_restarts": sum(x["floor"]["restarts"] > x["grouped"]["restarts"] for x in rows),
-            "same_final_shape": sum(x["floor"]["final"] == x["grouped"]["final"] for x in rows),
-            # the failures that still show at the floor (V 2 and K 1 allowed by the condition)
-            "floor_kept": sum(x["floor"]["floor_kept"] for x in rows),
-            # restarts the floor saves where the failure shows there, and costs where it does not:
-            # it pays where more than break_even of the failures shrunk show at the floor
-            "saved_when_kept": round(statistics.mean(kept), 2) if kept else None,
-            "cost_when_not": round(-statistics.mean(lost), 2) if lost else None,
-            "break_even": round(-statistics.mean(lost) / (statistics.mean(kept) - statistics.mean(lost)), 3)
-            if kept and lost else None,
-        },
         "note": "final shape: (V, K, prompt length, max_tokens, EOS dropped); both orders end at a case no single "
                 "reduction shrinks further, not always the same one",
     }

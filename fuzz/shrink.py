@@ -221,44 +221,6 @@ def family_candidates(family: Sequence[Case], speculation: bool = True) -> list[
     return uniq
 
 
-def shape_floor(family: Sequence[Case], speculation: bool = True) -> Family | None:
-    """The family at the smallest engine start one reduction can reach: every vocabulary token
-    no pattern references dropped (down to 2, ids remapped), and with ``speculation`` K 1, a
-    tree's budget 1 and the n-gram window at its minimum, each where the case stays valid (the
-    tree's top-k, EOS, tables and requests unchanged). None when that is fewer than two of the
-    single-step reductions of :func:`family_candidates` (they cover it then).
-
-    For engines that restart to change any of these (SGLang: ~25-40 s a start), where the plain
-    steps V -> V-1 -> ... and K -> 1 cost a start each and most failures still show at the floor."""
-    fam, changes = tuple(family), 0
-    for v in reversed(range(fam[0].vocab_size)):
-        each = [drop_token(c, v) for c in fam]
-        if all(c is not None for c in each):
-            fam, changes = tuple(each), changes + 1
-    s = fam[0].spec if speculation else None
-    if s is not None:
-        knobs = [("num_speculative_tokens", 1, s.num_speculative_tokens > 1),
-                 ("tree_budget", 1, s.method.endswith("_tree") and s.tree_budget > 1),
-                 ("ngram_max", s.ngram_min, s.ngram_max > s.ngram_min)]
-        for name, value, applies in knobs:
-            if not applies:
-                continue
-            first = fam[0]
-            cut = _shared(fam, _ok(lambda: first.with_(spec=replace(first.spec, **{name: value}))))
-            if cut is not None:
-                fam, changes = cut, changes + 1
-    return fam if changes >= 2 else None
-
-
-def _describe_floor(old: Family, new: Family) -> str:
-    a, b = old[0], new[0]
-    parts = [f"V {a.vocab_size} -> {b.vocab_size}"] if b.vocab_size < a.vocab_size else []
-    if a.spec != b.spec:
-        x, y = a.spec.to_json(), b.spec.to_json()
-        parts += [f"{k} {x[k]} -> {y[k]}" for k in x if x[k] != y.get(k)]
-    return "start shape floor: " + ", ".join(parts)
-
-
 @dataclass
 class ShrinkResult:
     case: Case  # the first pattern of ``family``
@@ -373,18 +335,9 @@ def _by_start(cands: list[Family], current: Family, start_key, tried: set[str]) 
 def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s: float, log, speculation: bool,
             start_key=None, prepare=None, on_kept=None) -> None:
     improved = True
-    # With starts to save (start_key), the shape floor is offered first, until it has been
-    # tried once: one start (prestarted while the current engine runs its swaps) that, when the
-    # failure still shows there, replaces the start of each vocabulary drop and K cut.
-    floor_pending = start_key is not None
     while improved:
         improved = False
         cands = family_candidates(res.family, speculation)
-        floor = shape_floor(res.family, speculation) if floor_pending else None
-        if floor is not None and family_key(list(floor)) not in tried:
-            cands = [floor] + cands
-        else:
-            floor, floor_pending = None, False
         if start_key is not None:
             cands, ahead = _by_start(cands, res.family, start_key, tried)
             if prepare is not None and ahead is not None:
@@ -398,14 +351,12 @@ def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s:
                 continue
             tried.add(k)
             res.tried += 1
-            if cand is floor:
-                floor_pending = False
             try:
                 run = reproduces(cand)
             except (AmbiguousSemantics, InvalidInput):
                 run = None
             if run:
-                step = _describe_floor(res.family, cand) if cand is floor else _describe_family(res.family, cand)
+                step = _describe_family(res.family, cand)
                 # The family first: an interrupt landing inside this statement can at worst
                 # leave the last step out of the record, never pair old steps with a new case.
                 res.family, res.case, res.last_run, res.steps, res.kept = cand, cand[0], run, res.steps + [step], res.kept + 1

@@ -24,7 +24,6 @@ from click.testing import CliRunner
 from specfuzz.case import Case
 from specfuzz.cli import main
 from specfuzz.engines.isolation import EngineCrash
-from specfuzz.fuzz.campaign import family_key
 from specfuzz.fuzz.corpus import Corpus
 from specfuzz.fuzz.run import crash_entry
 from specfuzz.fuzz.shrink import candidates, drop_token, entry_family, family_candidates, shrink, shrink_family
@@ -143,76 +142,6 @@ def test_grouped_by_start_a_pass_restarts_once_per_kind_and_starts_the_next_one_
         # the prepared start is the first other start the pass runs
         others = [k for k in keys if k != keys[0]]
         assert not others or others[0] == log[a][1]
-
-
-def _wide_case() -> Case:
-    T6 = (np.random.default_rng(5).integers(-8, 9, (6, 6)) / 4).astype(np.float32)
-    return Case(T6, (1,), SP(max_tokens=3, top_k=2), spec=SpecConfig("ngram_tree", 4, tree_topk=2, tree_budget=4, ngram_max=3))
-
-
-def _shrink_counting_starts(case, fails, monkeypatch, floor: bool):
-    """``shrink`` with a start key (V, K, tree budget, n-gram window, EOS) on a simulated
-    engine: the restarts it made, the starts it was asked to prepare, the result."""
-    from specfuzz.fuzz import shrink as shrink_mod
-
-    def key(c):
-        return (c.vocab_size, c.spec.num_speculative_tokens, c.spec.tree_budget, c.spec.ngram_max, c.eos_token_id)
-
-    if not floor:
-        monkeypatch.setattr(shrink_mod, "shape_floor", lambda *a, **k: None)
-    running, keys = [key(case)], []
-
-    def run(c):
-        if key(c) != running[0]:
-            running[0] = key(c)
-            keys.append(key(c))
-        return c if fails(c) else None
-
-    res = shrink(case, run, budget_s=60, start_key=key, prepare=lambda c: None)
-    monkeypatch.undo()
-    return res, keys
-
-
-def test_with_starts_to_save_the_shrink_tries_the_smallest_start_shape_first(monkeypatch):
-    """A failure that shows at any shape: the floor (every unreferenced token dropped, K 1,
-    tree budget 1, the n-gram window at its minimum) is kept in one start, where one step at a
-    time restarts for each vocabulary drop and each knob; the result is the same."""
-    def fails(c):
-        return c.params.top_k >= 1 and c.params.max_tokens >= 2
-
-    res, keys = _shrink_counting_starts(_wide_case(), fails, monkeypatch, floor=True)
-    plain, plain_keys = _shrink_counting_starts(_wide_case(), fails, monkeypatch, floor=False)
-    for r in (res, plain):
-        c = r.case
-        assert c.vocab_size == 2 and c.spec.num_speculative_tokens == 1 and c.spec.tree_budget == 1
-        assert c.spec.ngram_max == c.spec.ngram_min and c.params.max_tokens == 2 and c.params.top_k >= 1
-    floors = [s for s in res.steps if s.startswith("start shape floor")]
-    assert floors == ["start shape floor: V 6 -> 2, num_speculative_tokens 4 -> 1, ngram_max 3 -> 1, tree_budget 4 -> 1"], res.steps
-    assert len(keys) == 1 and len(plain_keys) >= 6, (keys, plain_keys)
-
-
-def test_a_failure_the_floor_does_not_show_costs_one_start_and_the_same_result(monkeypatch):
-    """A failure that needs 3 vocabulary tokens and K >= 2: the floor is tried once (one more
-    start), then the shrink goes on step by step to the same result as without it."""
-    def fails(c):
-        return c.vocab_size >= 3 and c.spec.num_speculative_tokens >= 2 and c.params.top_k >= 1
-
-    res, keys = _shrink_counting_starts(_wide_case(), fails, monkeypatch, floor=True)
-    plain, plain_keys = _shrink_counting_starts(_wide_case(), fails, monkeypatch, floor=False)
-    assert family_key(list(res.family)) == family_key(list(plain.family)) and res.steps == plain.steps
-    assert res.case.vocab_size == 3 and res.case.spec.num_speculative_tokens == 2
-    floors = [k for k in keys if k[0] == 2 and k[1] == 1]
-    assert len(floors) == 1 and len(keys) <= len(plain_keys) + 1, (keys, plain_keys)
-
-
-def test_the_floor_is_not_offered_where_one_step_reaches_it():
-    from specfuzz.fuzz.shrink import shape_floor
-
-    c = Case(T5[:2, :2], (0,), SP(max_tokens=2), spec=SpecConfig("ngram", 3, ngram_max=1))
-    assert shape_floor((c,)) is None  # V is 2 already: K 3 -> 1 alone is a plain candidate
-    assert shape_floor((c,), speculation=False) is None
-    f = shape_floor((_wide_case(),))
-    assert f is not None and f[0].vocab_size == 2 and f[0].prompt == (1,)  # tokens 2-5 dropped, 0 and 1 kept
 
 
 def test_a_budget_of_zero_stops_at_once():
