@@ -118,6 +118,9 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @click.option("--reset-state", is_flag=True,
               help="Start a fresh campaign state (α spending, totals, Hypothesis database kept): the old state file, "
                    "damaged or not, is kept beside it under a new name. Needed to go on after the state file was damaged.")
+@click.option("--max-findings", default=None, type=COUNT, metavar="N",
+              help="Stop after the search in which the Nth new corpus entry (finding, crash or stale weights) was stored "
+                   "(each --workers process counts its own). Default: run to the budget.")
 @click.option("--junit-xml", "junit_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write a JUnit XML report here: a failed test per new entry (its drafted ISSUE.md as text), a skipped one per known entry met again.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
@@ -132,8 +135,8 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
               help="With --ray: CPUs per engine actor.")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, prestart, reset_state, junit_out, json_out,
-             ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, prestart, reset_state, max_findings,
+             junit_out, json_out, ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
 
     Exit status: 0 nothing new (known entries met again included), 1 a new finding or
@@ -145,6 +148,8 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     budget_s = float(budget)
     if ray_address is None and (engines is not None or gpus_per_engine is not None):
         raise click.BadParameter("--engines and --gpus-per-engine: only with --ray", param_hint="--ray")
+    if ray_address is not None and max_findings is not None:
+        raise click.BadParameter(f"{max_findings}: not with --ray (its actors search until the budget ends)", param_hint="--max-findings")
     if ray_address is not None and workers > 1:
         raise click.BadParameter(f"{workers}: 1 with --ray (--engines sets the engine actors)", param_hint="--workers")
     meth: tuple[str, ...] | None
@@ -178,6 +183,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, workers=workers, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns, swap=not no_swap, reset_state=reset_state, spare_engines=spare_engines, prestart=prestart,
+        max_findings=max_findings,
     )
     refusals: list[str] = []
     display = None if quiet else LiveDisplay(cfg, console)
@@ -223,6 +229,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             cmd += [] if spare_engines is None else ["--spare-engines" if spare_engines else "--no-spare-engines"]
             cmd += [] if prestart is None else ["--prestart" if prestart else "--no-prestart"]
+            cmd += [] if max_findings is None else ["--max-findings", str(max_findings)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     error = None
     try:

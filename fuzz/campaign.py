@@ -321,6 +321,10 @@ class CampaignConfig:
     # (IsolatedEngine.prestart; None: wherever spare engines are on).
     prestart: bool | None = None
     reset_state: bool = False  # start a fresh state; the old file is kept aside (Campaign._load_state)
+    # Stop after the search in which this many new corpus entries (findings, crashes, stale
+    # weights) were stored by this process (None: run to the budget). ``--max-findings 1`` is a
+    # CI job's fail-fast: its shrunk, stored finding is the same as without it.
+    max_findings: int | None = None
 
     @property
     def calibration_only(self) -> bool:
@@ -359,6 +363,9 @@ class CampaignStats:
 class Campaign:
     def __init__(self, config: CampaignConfig, on_event: Callable[[str, CampaignStats], None] | None = None) -> None:
         self.cfg = config
+        mf = config.max_findings
+        if mf is not None and (isinstance(mf, bool) or not isinstance(mf, int) or mf < 1):
+            raise InvalidInput("max_findings", mf, "a positive integer (None: run to the budget)")
         self.corpus = Corpus(config.corpus_dir)
         self.state_dir = Path(config.corpus_dir) / ".specfuzz"
         self.state_path = self.state_dir / (f"state-w{config.worker}.json" if config.worker else "state.json")
@@ -1669,6 +1676,10 @@ class Campaign:
                 self._pending_path().unlink(missing_ok=True)
                 self._save_state()
                 self._shrinking = False
+                if self.cfg.max_findings and len(self.stats.stored) >= self.cfg.max_findings:
+                    self.on_event(f"stopping: {len(self.stats.stored)} new corpus entries stored "
+                                  f"(--max-findings {self.cfg.max_findings})", self.stats)
+                    break
                 self._prestart_spec_off(search_over=True)
         except BudgetExhausted:
             pass

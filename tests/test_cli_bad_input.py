@@ -94,6 +94,14 @@ def test_item3_negative_samples_are_refused_before_a_campaign_runs(corpus, tmp_p
     assert snapshot(corpus) == before
 
 
+def test_max_findings_must_be_positive_and_is_refused_with_ray(corpus, tmp_path):
+    before = snapshot(corpus)
+    args = ["--budget", "30s", "--corpus", str(corpus), "--work-dir", str(tmp_path / "w"), "--quiet"]
+    assert_one_line_exit_2(invoke(["--max-findings", "0", *args]), "--max-findings", "'0'", "an integer in [1,")
+    assert_one_line_exit_2(invoke(["--max-findings", "1", "--ray", *args]), "--max-findings", "not with --ray")
+    assert snapshot(corpus) == before
+
+
 def test_item4_a_damaged_campaign_state_is_refused_and_reset_state_keeps_it_aside(corpus, tmp_path):
     state = corpus / ".specfuzz" / "state.json"
     full = state.read_bytes()
@@ -158,7 +166,8 @@ NUMBER_OPTIONS = {
     "fuzz": {"--samples": BAD_COUNTS, "--max-vocab": st.sampled_from(["1", "0", "-3", "5000", "two"]),
              "--max-tokens": st.sampled_from(["0", "129", "-1", "x"]), "--alpha": BAD_FLOATS, "--screen-alpha": BAD_FLOATS,
              "--workers": st.sampled_from(["0", "65", "-1"]), "--batch": BAD_COUNTS,
-             "--patterns": st.sampled_from(["0", "65", "x"]), "--seed": st.sampled_from(["-1", "x", "1.5"])},
+             "--patterns": st.sampled_from(["0", "65", "x"]), "--seed": st.sampled_from(["-1", "x", "1.5"]),
+             "--max-findings": BAD_COUNTS},
     "check": {"--samples": BAD_COUNTS, "--alpha": BAD_FLOATS, "--tolerance": st.sampled_from(["-0.1", "1", "nan", "inf"]),
               "--seed": st.sampled_from(["-1", "x"])},
     "replay": {"--samples": BAD_COUNTS, "--alpha": BAD_FLOATS, "--seed": st.sampled_from(["-7", "y"])},

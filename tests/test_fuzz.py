@@ -27,9 +27,9 @@ def _entries(corpus: Path) -> list[Entry]:
     return out
 
 
-def _campaign(tmp_path: Path, budget: float, **kw) -> tuple[Campaign, object]:
+def _campaign(tmp_path: Path, budget: float, on_event=None, **kw) -> tuple[Campaign, object]:
     cfg = CampaignConfig(budget_s=budget, corpus_dir=tmp_path / "corpus", work_dir=tmp_path / "work", **kw)
-    c = Campaign(cfg)
+    c = Campaign(cfg, on_event=on_event)
     return c, c.run()
 
 
@@ -45,9 +45,15 @@ def test_campaign_finds_shrinks_and_attributes_an_injected_bug(tmp_path, monkeyp
         return conf, j
 
     monkeypatch.setattr(Campaign, "_confirm", spy)
-    _, stats = _campaign(tmp_path, 60, engine_kwargs={"inject": "N6"}, seed=1)
+    events: list[str] = []
+    # --max-findings 1: the campaign ends after the search that stored the finding.
+    _, stats = _campaign(tmp_path, 120, on_event=lambda m, s: events.append(m), engine_kwargs={"inject": "N6"}, seed=1,
+                         max_findings=1)
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
+    stops = [i for i, m in enumerate(events) if m.startswith("stopping: ")]
+    assert len(stops) == 1 and "--max-findings 1" in events[stops[0]], events[-3:]
+    assert not any(m.startswith("search ") for m in events[[i for i, m in enumerate(events) if m.startswith("stored ")][0]:])
     e = found[0]
     # One fresh confirmation of the candidate, one of the smallest case both shrinkers kept
     # (what is stored): Hypothesis's smallest is not confirmed on its own fresh engine first.
@@ -91,7 +97,8 @@ def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatc
         return confirm(self, run, speculation, engine=engine)
 
     monkeypatch.setattr(Campaign, "_confirm", spy)
-    _, stats = _campaign(tmp_path, 90, engine="example_engines:UncataloguedBugEngine", seed=5, methods=("draft_model",))
+    _, stats = _campaign(tmp_path, 120, engine="example_engines:UncataloguedBugEngine", seed=5, methods=("draft_model",),
+                         max_findings=1)
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
     assert found[0].label == "unknown"

@@ -242,7 +242,8 @@ def test_a_crash_is_shrunk_to_its_minimal_family(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     cfg = CampaignConfig(engine="example_engines:TopKCrashEngine", budget_s=150, corpus_dir=tmp_path / "c",
-                         methods=("ngram",), work_dir=tmp_path / "wd", max_samples=100, max_patterns=3)
+                         methods=("ngram",), work_dir=tmp_path / "wd", max_samples=100, max_patterns=3,
+                         max_findings=1)  # the search that stored the shrunk crash is the last
     Campaign(cfg).run()
     crashes = [json.loads(p.read_text()) for p in (tmp_path / "c").glob("crash-*.json")]
     assert crashes, "no crash stored"
