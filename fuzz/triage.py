@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from specfuzz.fuzz.corpus import ENTRY_SCHEMA_VERSION, STATUSES, Entry, atomic_write_json, now_iso
+from specfuzz.fuzz.corpus import ENTRY_SCHEMA_VERSION, STATUSES, Entry, active_features, atomic_write_json, now_iso
 
 TRIAGE_SCHEMA_VERSION = 1
 
@@ -418,6 +418,9 @@ def analyse(path: Path, entry: Entry, root: Path) -> EntryReport:
 class Group:
     signature: str
     reports: list[EntryReport] = field(default_factory=list)
+    # Signatures of the groups that are likely the same bug met under another speculation
+    # method (:func:`likely_same_key`); filled in by :func:`group_reports`.
+    related: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -451,6 +454,7 @@ class Group:
             "first_seen": self.first_seen,
             "last_seen": self.last_seen,
             "entries": [r.to_json() for r in self.reports],
+            "related": list(self.related),
         }
 
 
@@ -490,13 +494,38 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
+def likely_same_key(entry: Entry) -> tuple | None:
+    """What speculation findings met under different methods share when they are likely one
+    bug: engine name and version, the sampling features in play (a penalty, min_p, a stop
+    token, ...) and the attributed class. A signature keeps the method apart on purpose (the
+    methods' code paths differ, and a fix of one need not fix the other); this key only groups
+    them for a maintainer reading the corpus (on the H200, SGLang's min_p bug was stored under
+    four methods, its penalty lag under eleven entries). None for other kinds: a calibration
+    entry already covers every method, a crash is keyed by its message."""
+    if entry.kind != "finding" or not (entry.case.get("spec") or {}).get("method"):
+        return None
+    return (str(entry.engine.get("name")), str(entry.engine.get("version")), tuple(active_features(entry.case)),
+            entry.label or "unknown")
+
+
 def group_reports(reports: Iterable[EntryReport]) -> list[Group]:
-    """Groups by signature; the most recently seen group first, entries newest first."""
+    """Groups by signature; the most recently seen group first, entries newest first. Each
+    group lists the others that are likely the same bug under another method or verification mode (``related``)."""
     groups: "OrderedDict[str, Group]" = OrderedDict()
     for r in reports:
         groups.setdefault(r.entry.signature, Group(r.entry.signature)).reports.append(r)
     for g in groups.values():
         g.reports.sort(key=lambda r: (r.entry.last_seen, r.rel), reverse=True)
+    by_key: dict[tuple, list[Group]] = {}
+    for g in groups.values():
+        keys = {likely_same_key(r.entry) for r in g.reports} - {None}
+        for k in keys:
+            by_key.setdefault(k, []).append(g)
+    for gs in by_key.values():
+        if len(gs) < 2:  # one signature: nothing to relate (its files are already grouped)
+            continue
+        for g in gs:
+            g.related = sorted({o.signature for o in gs if o is not g} | set(g.related))
     out = sorted(groups.values(), key=lambda g: (g.last_seen, g.signature), reverse=True)
     return sorted(out, key=lambda g: STATUS_PRECEDENCE.index(g.status))  # stable: newest first per status
 

@@ -39,6 +39,7 @@ def _worst(eff) -> str:
 
 def render_triage(report, console: Console) -> None:
     """The triage report as a rich table, one section per signature, then skipped files."""
+    from specfuzz.fuzz.corpus import active_features
     from specfuzz.fuzz.triage import format_e_value
 
     t = Table(title=f"triage: {len(report.reports)} entries in {len(report.groups)} signature groups "
@@ -74,6 +75,18 @@ def render_triage(report, console: Console) -> None:
                            f"{lt.get('version')}: {lt.get('outcome')} → {lt.get('status_after')}" if lt else "-")
             t.add_row(*row)
     console.print(t)
+    # Groups that are likely one bug met under several methods (fuzz.triage.likely_same_key).
+    shown: set[str] = set()
+    for g in report.groups:
+        if not g.related or g.signature in shown:
+            continue
+        cluster = [g] + [o for o in report.groups if o.signature in g.related]
+        shown.update(o.signature for o in cluster)
+        head = g.reports[0].entry
+        feats = ", ".join(active_features(head.case)) or "no sampling feature"
+        console.print(f"likely one bug ({_engine_cell(head)}; {feats}; class {g.reports[0].cls}), under "
+                      + "; ".join(f"{_method_cell(o.reports[0].entry.case)}: {o.signature}" for o in cluster),
+                      highlight=False, soft_wrap=True)
     for s in report.skipped:
         console.print(f"[yellow]skipped[/yellow] {s.path}: {s.reason}", highlight=False, soft_wrap=True)
     conds = [r for r in report.reports if r.condition.source == "heuristic"]

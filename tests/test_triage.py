@@ -303,3 +303,35 @@ def test_rerun_confirms_injected_regressions_and_fixes_or_flags_the_rest(tmp_pat
     entries = {e["path"]: e for g in data["groups"] for e in g["entries"]}
     assert entries["regression-N5.json"]["rerun"]["runs"][0]["outcome"] == "fail"
     assert entries["finding-seed-dependent.json"]["rerun"]["status_after"] == "flaky"
+
+
+def test_findings_likely_one_bug_under_several_methods_are_related_in_json_and_console(tmp_path):
+    """Findings of one engine version with the same sampling features and class, met under two
+    methods (two signatures), list each other as ``related``; another feature set does not."""
+    root = tmp_path / "corpus"
+    eng = {"name": "sglang", "version": "0.5.17", "device": "cuda"}
+    base = _finding_from("N5", engine=eng)
+    assert base["case"]["spec"]["method"] == "draft_model"
+    ngram = copy.deepcopy(base)
+    ngram["case"]["spec"].update(method="ngram", ngram_min=1, ngram_max=2)
+    ngram["case"].pop("draft_table", None)
+    other = copy.deepcopy(ngram)  # unattributed, with min_p: its own signature, another key
+    other["case"]["params"]["min_p"] = 0.2
+    other["attribution"] = None
+    for name, d in (("finding-draft.json", base), ("finding-ngram.json", ngram), ("finding-minp.json", other)):
+        d.pop("signature", None)
+        _write(root / name, d)
+    report = triage(root)
+    sig = {r.rel: r.entry.signature for r in report.reports}
+    assert len(set(sig.values())) == 3
+    rel = {g.signature: g.related for g in report.groups}
+    assert rel[sig["finding-draft.json"]] == [sig["finding-ngram.json"]]
+    assert rel[sig["finding-ngram.json"]] == [sig["finding-draft.json"]]
+    assert rel[sig["finding-minp.json"]] == []
+    result = CliRunner().invoke(triage_cmd, [str(root), "--json"])
+    data = json.loads(result.output)
+    jsonschema.validate(data, SCHEMA, cls=jsonschema.Draft202012Validator)
+    assert {g["signature"]: g["related"] for g in data["groups"]} == rel
+    out = " ".join(CliRunner().invoke(triage_cmd, [str(root)], terminal_width=300).output.split())
+    assert "likely one bug (sglang 0.5.17;" in out and sig["finding-draft.json"] in out.split("likely one bug")[1]
+    assert sig["finding-minp.json"] not in out.split("likely one bug")[1]
