@@ -419,7 +419,7 @@ class Group:
     signature: str
     reports: list[EntryReport] = field(default_factory=list)
     # Signatures of the groups that are likely the same bug met under another speculation
-    # method (:func:`likely_same_key`); filled in by :func:`group_reports`.
+    # method or verification mode (:func:`likely_same_key`); filled in by :func:`group_reports`.
     related: list[str] = field(default_factory=list)
 
     @property
@@ -499,9 +499,11 @@ def likely_same_key(entry: Entry) -> tuple | None:
     bug: engine name and version, the sampling features in play (a penalty, min_p, a stop
     token, ...) and the attributed class. A signature keeps the method apart on purpose (the
     methods' code paths differ, and a fix of one need not fix the other); this key only groups
-    them for a maintainer reading the corpus (on the H200, SGLang's min_p bug was stored under
-    four methods, its penalty lag under eleven entries). None for other kinds: a calibration
-    entry already covers every method, a crash is keyed by its message."""
+    them for a maintainer reading the corpus (corpus/h200/sglang: four EOS/stop findings with no
+    sampling feature, under eagle, ngram_tree, ngram and draft_model). The features must be
+    equal, not a subset: SGLang's four min_p findings carry different feature sets and stay
+    apart. None for other kinds: a calibration entry already covers every method, a crash is
+    keyed by its message."""
     if entry.kind != "finding" or not (entry.case.get("spec") or {}).get("method"):
         return None
     return (str(entry.engine.get("name")), str(entry.engine.get("version")), tuple(active_features(entry.case)),
