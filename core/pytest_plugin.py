@@ -5,7 +5,8 @@ is given::
 
     pytest -m specfuzz --specfuzz-engine vllm --specfuzz-budget 5m \\
         [--specfuzz-method ngram ...] [--specfuzz-corpus DIR] \\
-        [--specfuzz-expect SIGNATURE ...] [--specfuzz-expect-from corpus/] [--junit-xml report.xml]
+        [--specfuzz-expect SIGNATURE ...] [--specfuzz-expect-from corpus/] \\
+        [--specfuzz-max-findings N] [--junit-xml report.xml]
 
 It adds one test item per speculation method the engine supports (or per
 ``--specfuzz-method``; ``none`` is speculation off), plus ``calibration`` (speculation
@@ -59,6 +60,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="An engine knob (as specfuzz fuzz --engine-setting), repeatable.")
     g.addoption("--specfuzz-samples", default=1000, type=int, help="Samples per request pattern (default 1000).")
     g.addoption("--specfuzz-max-vocab", default=5, type=int, help="Largest vocabulary drawn (default 5).")
+    g.addoption("--specfuzz-max-findings", default=None, type=int, metavar="N",
+                help="End an item's slice after the search in which it stored its N-th new entry (fail fast); "
+                     "its unused time goes to the items left. Default: each item runs its share of the budget.")
     g.addoption("--specfuzz-work-dir", default=None, metavar="DIR",
                 help="Checkpoints, engine logs and drafts. Default: specfuzz-work in pytest's cache folder.")
     parser.addini("specfuzz_expect", type="linelist", default=[],
@@ -101,6 +105,9 @@ class _Plan:
         self.seed: int = opt("specfuzz_seed")
         self.samples: int = opt("specfuzz_samples")
         self.max_vocab: int = opt("specfuzz_max_vocab")
+        self.max_findings: int | None = opt("specfuzz_max_findings")
+        if self.max_findings is not None and self.max_findings < 1:
+            raise InvalidInput("--specfuzz-max-findings", self.max_findings, "a positive integer")
         self.settings = parse_settings(tuple(opt("specfuzz_setting")))
         self.expected = read_signatures(list(opt("specfuzz_expect")) + list(config.getini("specfuzz_expect")))
         self.expected_from = [Path(d) for d in opt("specfuzz_expect_from")]
@@ -183,7 +190,7 @@ class SpecfuzzItem(pytest.Item):
                 corpus=plan.corpus, expected=() if self.config.getoption("runxfail") else plan.expected,
                 expected_from=() if self.config.getoption("runxfail") else plan.expected_from,
                 inject=plan.inject, seed=plan.seed, samples=plan.samples, max_vocab=plan.max_vocab,
-                engine_settings=plan.settings, work_dir=plan.work_dir)
+                engine_settings=plan.settings, work_dir=plan.work_dir, max_findings=plan.max_findings)
         finally:
             plan.spent += time.monotonic() - t0
             plan.done.add(self.nodeid)

@@ -158,6 +158,7 @@ def fuzz_engine(
     engine_settings: Mapping[str, Any] | None = None,
     work_dir: Path | str | None = None,
     draft: bool = True,
+    max_findings: int | None = None,
 ) -> FuzzReport:
     """Run a campaign slice of ``budget`` on ``engine`` and report what it met.
 
@@ -169,7 +170,10 @@ def fuzz_engine(
     are all expected. A crash met under other settings than an expected crash entry (a new
     signature, the same crash kind and message) is expected too. ``inject``: a catalogued bug for the reference
     engine (N1..N7). ``draft``: draft each unexpected finding (``ISSUE.md``, ``plot.png``, ``repro.py`` under
-    ``<work_dir>/drafts/<entry>/``; its ISSUE.md is the failure text).
+    ``<work_dir>/drafts/<entry>/``; its ISSUE.md is the failure text). ``max_findings``: end the
+    slice after the search in which the campaign stored its N-th new entry (finding, crash,
+    stale weights), that entry shrunk and stored (``specfuzz fuzz --max-findings``; None: run
+    to the budget).
     Bad arguments raise :class:`specfuzz.errors.InvalidInput`; an engine that cannot
     start gives a report with ``engine_error`` set (``ok`` is False).
     """
@@ -200,7 +204,7 @@ def fuzz_engine(
     cfg = CampaignConfig(engine=engine, engine_kwargs=kwargs, budget_s=budget_s, corpus_dir=corpus_dir, seed=seed,
                          methods=meth, alpha=alpha, max_samples=samples, batch=batch, max_vocab=max_vocab,
                          max_tokens=max_tokens, max_patterns=patterns, dtype=dtype, work_dir=work,
-                         engine_settings=dict(engine_settings or {}))
+                         engine_settings=dict(engine_settings or {}), max_findings=max_findings)
     before = outcome.snapshot(corpus_dir)
     campaign = Campaign(cfg)
     error = None
