@@ -140,13 +140,30 @@ class ActorCampaign(Campaign):
         self._db = None
         self._store_handle = store
         self._profile = None
-        # The driver's stored calibration entries (the parent read an empty scratch corpus).
+        # The driver's stored calibration entries and speculation findings (the parent read an
+        # empty scratch corpus), asked again before each check, since other actors store too.
         self.calibration_entries = {}
-        for name, ej in _get(hub.calibration_entries.remote()):
-            self._add_calibration(Entry.from_json(ej), Path(name))
+        self.finding_entries = {}
+        self._refresh_known_entries()
 
     def _mark_seen(self, path: Path) -> bool:
         return bool(_get(self.hub.mark_seen.remote(str(path))))
+
+    def _refresh_known_entries(self) -> None:
+        """The driver's calibration entries and speculation findings, by their names in its
+        corpus (``_mark_seen`` passes the name back)."""
+        for name, ej in _get(self.hub.known_entries.remote()):
+            entry = Entry.from_json(ej)
+            self._add_calibration(entry, Path(name))
+            self._add_finding(entry, Path(name))
+
+    def _known_calibration(self, run, seed: int) -> bool:
+        self._refresh_known_entries()
+        return super()._known_calibration(run, seed)
+
+    def _known_finding(self, run, seed: int) -> bool:
+        self._refresh_known_entries()
+        return super()._known_finding(run, seed)
 
     def _example_database(self):
         if self._db is None:

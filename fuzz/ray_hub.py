@@ -184,13 +184,16 @@ class CampaignHub:
             self.stored.append(path.name)
         return path.name, new
 
-    def calibration_entries(self) -> list[tuple[str, dict]]:
-        """(file name relative to the corpus, entry JSON) of every stored calibration entry: an
-        engine actor recognises a calibration bug met under another method by them
-        (Campaign._known_calibration)."""
+    def known_entries(self) -> list[tuple[str, dict]]:
+        """(file name relative to the corpus, entry JSON) of every stored calibration entry and
+        speculation finding, those stored by the actors during this run included: an engine
+        actor recognises a calibration bug met under another method
+        (Campaign._known_calibration) and a speculation finding met again under more sampling
+        settings (Campaign._known_finding) by them."""
         out = []
         for path, e in self.corpus.entries():
-            if isinstance(e, Entry) and e.kind == "calibration":
+            if isinstance(e, Entry) and (e.kind == "calibration"
+                                         or (e.kind == "finding" and (e.case.get("spec") or {}).get("method"))):
                 out.append((str(path.relative_to(self.corpus.root)), e.to_json()))
         return out
 

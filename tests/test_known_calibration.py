@@ -155,9 +155,11 @@ def test_a_candidate_that_passes_with_speculation_off_is_not_taken_for_the_store
             e.close()
 
 
-def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_marks_them_seen(tmp_path):
+def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_findings_and_marks_them_seen(tmp_path):
     """Engine actors read an empty scratch corpus: the driver's hub hands them its calibration
-    entries (by name) and marks one seen again when an actor meets it under another method."""
+    entries and speculation findings (by name, those stored during the run too) and marks one
+    seen again when an actor meets it again."""
+    from specfuzz.fuzz.ray_actors import ActorCampaign
     from specfuzz.fuzz.ray_hub import CampaignHub
 
     corpus = tmp_path / "corpus"
@@ -165,10 +167,32 @@ def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_mark
     Corpus(corpus).store(Entry(kind="crash", engine={"name": "temperature-bug"}, case=_case("ngram").to_json(),
                                evidence="engine exception: boom", extra={"crash_kind": "exception"}))
     hub = CampaignHub(str(corpus), 1e-3, {})
-    entries = hub.calibration_entries()
+    entries = hub.known_entries()
     assert [name for name, _ in entries] == [stored.name]
     assert calibration_key("temperature-bug", entries[0][1]["case"]) == calibration_key(
         "temperature-bug", _case("ngram", temperature=0.5).to_json())
+    # A speculation finding an actor stores through the hub is handed to every actor from then on.
+    name, new = hub.store(Entry(kind="finding", engine={"name": "temperature-bug"},
+                                case=_case("ngram", temperature=0.5, top_k=1).to_json(), evidence="e-value 1e9").to_json())
+    assert new and sorted(n for n, _ in hub.known_entries()) == sorted([stored.name, name])
+
+    class Remote:  # the hub's methods as a Ray actor handle has them, called in this process
+        def __init__(self, f):
+            self.remote = f
+
+    actor = ActorCampaign.__new__(ActorCampaign)  # just its entry tables: no engine, no Ray
+    actor.hub = type("Handle", (), {"known_entries": Remote(hub.known_entries)})()
+    actor.calibration_entries, actor.finding_entries = {}, {}
+    import specfuzz.fuzz.ray_actors as ray_actors
+    get = ray_actors._get
+    ray_actors._get = lambda ref: ref
+    try:
+        actor._refresh_known_entries()
+    finally:
+        ray_actors._get = get
+    assert list(actor.calibration_entries.values()) == [Path(stored.name)]
+    assert actor.finding_entries == {("temperature-bug", "ngram", ("temperature", "top_k")): (Path(name), None, json.loads(
+        (corpus / name).read_text())["signature"])}
     assert hub.mark_seen(stored.name)
     assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
     assert not hub.mark_seen("../outside.json") and not hub.mark_seen("missing.json")
