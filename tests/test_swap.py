@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -177,7 +176,10 @@ def test_vllm_takes_200_random_tables_in_one_start_each_checked_and_sampled_agai
 def test_vllm_draft_models_and_eagle_heads_swap_and_draft_from_the_new_tables(tmp_path, method):
     """Greedy target, greedy drafts: the accepted-token count of every request is a function
     of the two tables (tablegen.eagle.greedy_acceptance); after each swap it follows the new
-    draft table, so the drafter really runs on the swapped weights."""
+    draft table, so the drafter really runs on the swapped weights. The first draft equals the
+    target: vLLM then shares the target's lm_head with an EAGLE head (_maybe_share_lm_head),
+    and a later head swap must copy it first, or the new head's table lands in the target's
+    rows too (seen on the H200): the swap's table check, or the acceptance counts, would say so."""
     _vllm_or_skip()
     from specfuzz.tablegen.eagle import greedy_acceptance
 
@@ -186,7 +188,8 @@ def test_vllm_draft_models_and_eagle_heads_swap_and_draft_from_the_new_tables(tm
     spec = SpecConfig(method=method, num_speculative_tokens=K, draft_sampling="greedy")
     with IsolatedEngine("vllm", log_dir=tmp_path / "logs") as eng:
         for i in range(4):
-            t, d = _table(rng, V, unique_max=True), _table(rng, V, unique_max=True)
+            t = _table(rng, V, unique_max=True)
+            d = t.copy() if i == 0 else _table(rng, V, unique_max=True)
             case = Case(t, (0,), SamplingParams(temperature=0.0, max_tokens=T, ignore_eos=True), spec=spec, draft_table=d)
             eng.start(engine_config(case, tmp_path / "ck"))
             outs = eng.generate([Request((p,), case.params, 1) for p in range(V)])
@@ -194,31 +197,6 @@ def test_vllm_draft_models_and_eagle_heads_swap_and_draft_from_the_new_tables(tm
             got = [(o.num_draft_tokens, o.num_accepted_tokens) for o in outs]
             assert got == [greedy_acceptance(t, d, None, p, T, K) for p in range(V)], i
         assert eng.starts == 1 and eng.swaps == 3 and eng.swap_fallbacks == 0
-
-
-@pytest.mark.slow
-def test_a_new_eagle3_head_swapped_in_does_not_write_the_target_lm_head_vllm_shared_with_it(tmp_path):
-    """vLLM shares the target's lm_head with an EAGLE head whose lm_head is identical at start
-    (_maybe_share_lm_head); a later head swap must copy it first, or the new head's table lands
-    in the target's rows too (the table check then fails: seen on the H200). Here the first
-    head equals the target, the next ones do not: every swap keeps the target's table and the
-    drafter drafts from the new head."""
-    _vllm_or_skip()
-    from specfuzz.tablegen.eagle import greedy_acceptance
-
-    rng = np.random.default_rng(8)
-    V, K, T = 5, 2, 8
-    spec = SpecConfig(method="eagle3", num_speculative_tokens=K, draft_sampling="greedy")
-    t = _table(rng, V, unique_max=True)
-    with IsolatedEngine("vllm", log_dir=tmp_path / "logs") as eng:
-        for i, d in enumerate([t.copy(), _table(rng, V, unique_max=True), _table(rng, V, unique_max=True)]):
-            case = Case(t, (0,), SamplingParams(temperature=0.0, max_tokens=T, ignore_eos=True), spec=spec, draft_table=d)
-            eng.start(engine_config(case, tmp_path / "ck"))
-            outs = eng.generate([Request((p,), case.params, 1) for p in range(V)])
-            assert [o.token_ids for o in outs] == [_greedy_path(t, p, T) for p in range(V)]
-            got = [(o.num_draft_tokens, o.num_accepted_tokens) for o in outs]
-            assert got == [greedy_acceptance(t, d, None, p, T, K) for p in range(V)], i
-        assert eng.starts == 1 and eng.swaps == 2 and eng.swap_fallbacks == 0, eng.events
 
 
 @pytest.mark.slow
