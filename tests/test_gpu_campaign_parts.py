@@ -241,9 +241,12 @@ def test_a_crash_is_shrunk_to_its_minimal_family(tmp_path):
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    cfg = CampaignConfig(engine="example_engines:TopKCrashEngine", budget_s=150, corpus_dir=tmp_path / "c",
+    # The search that stored the shrunk crash is the last (max_findings): the budget only sets the
+    # shrinking cap, max(60 s, 15% of it), here 90 s; with 150 s (a 60-s cap) a slow run of the
+    # 2-core machine (2026-12-05) stored the crash with max_tokens 4, its shrink cut at the cap.
+    cfg = CampaignConfig(engine="example_engines:TopKCrashEngine", budget_s=600, corpus_dir=tmp_path / "c",
                          methods=("ngram",), work_dir=tmp_path / "wd", max_samples=100, max_patterns=3,
-                         max_findings=1)  # the search that stored the shrunk crash is the last
+                         max_findings=1)
     Campaign(cfg).run()
     crashes = [json.loads(p.read_text()) for p in (tmp_path / "c").glob("crash-*.json")]
     assert crashes, "no crash stored"
