@@ -155,7 +155,7 @@ def test_a_candidate_that_passes_with_speculation_off_is_not_taken_for_the_store
             e.close()
 
 
-def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_findings_and_marks_them_seen(tmp_path):
+def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_findings_and_marks_them_seen(tmp_path, monkeypatch):
     """Engine actors read an empty scratch corpus: the driver's hub hands them its calibration
     entries and speculation findings (by name, those stored during the run too) and marks one
     seen again when an actor meets it again."""
@@ -183,13 +183,8 @@ def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_find
     actor = ActorCampaign.__new__(ActorCampaign)  # just its entry tables: no engine, no Ray
     actor.hub = type("Handle", (), {"known_entries": Remote(hub.known_entries)})()
     actor.calibration_entries, actor.finding_entries = {}, {}
-    import specfuzz.fuzz.ray_actors as ray_actors
-    get = ray_actors._get
-    ray_actors._get = lambda ref: ref
-    try:
-        actor._refresh_known_entries()
-    finally:
-        ray_actors._get = get
+    monkeypatch.setattr("specfuzz.fuzz.ray_actors._get", lambda ref: ref)
+    actor._refresh_known_entries()
     assert list(actor.calibration_entries.values()) == [Path(stored.name)]
     assert actor.finding_entries == {("temperature-bug", "ngram", ("temperature", "top_k")): (Path(name), None, json.loads(
         (corpus / name).read_text())["signature"])}
