@@ -1520,6 +1520,10 @@ class Campaign:
             "campaign": {"seed": self.cfg.seed, "search": self.search_index},
         }
 
+    def _is_stored(self, path: Path) -> bool:
+        """Whether the corpus entry at ``path`` (a path of ``calibration_entries``) is stored."""
+        return path.exists()
+
     def _store_entry(self, entry: Entry, how: str = "") -> None:
         """Store a confirmed failure's entry (``how``: said after it in the log)."""
         if entry.kind == "calibration":
@@ -1528,7 +1532,7 @@ class Campaign:
             # recognise it (it runs at the screening level, once). The stored entry is seen
             # again; no second entry of one bug.
             known = self.calibration_entries.get(calibration_key(str(entry.engine.get("name")), entry.case))
-            if known is not None and known.exists() and known != self.corpus.path_for(entry):
+            if known is not None and self._is_stored(known) and known != self.corpus.path_for(entry):
                 if self._mark_seen(known):
                     self.stats.findings_updated += 1
                 self.known.add(entry.signature)

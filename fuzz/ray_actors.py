@@ -65,6 +65,10 @@ class HubCorpus:
         name, new = _get(self.hub.store.remote(entry.to_json()))
         return Path(name), new
 
+    def path_for(self, entry: Entry) -> Path:
+        """The entry's name in the driver's corpus (the names ``known_entries`` hands out)."""
+        return Path(f"{entry.kind}-{entry.signature}.json")
+
     def entries(self):
         return iter(())
 
@@ -156,6 +160,16 @@ class ActorCampaign(Campaign):
             entry = Entry.from_json(ej)
             self._add_calibration(entry, Path(name))
             self._add_finding(entry, Path(name))
+
+    def _is_stored(self, path: Path) -> bool:
+        return bool(_get(self.hub.has_entry.remote(str(path))))
+
+    def _store_entry(self, entry: Entry, how: str = "") -> None:
+        # A calibration entry shrunk to a stored one's features (another actor's, stored since
+        # this actor last asked, included) is that entry seen again, not a second entry.
+        if entry.kind == "calibration":
+            self._refresh_known_entries()
+        super()._store_entry(entry, how)
 
     def _known_calibration(self, run, seed: int) -> bool:
         self._refresh_known_entries()

@@ -197,6 +197,11 @@ class CampaignHub:
                 out.append((str(path.relative_to(self.corpus.root)), e.to_json()))
         return out
 
+    def has_entry(self, name: str) -> bool:
+        """Whether the entry ``name`` (relative to the corpus) is stored."""
+        path = (self.corpus.root / name).resolve()
+        return self.corpus.root.resolve() in path.parents and path.is_file()
+
     def mark_seen(self, name: str) -> bool:
         """Mark the stored entry ``name`` (relative to the corpus) seen again."""
         from specfuzz.fuzz.corpus import mark_seen_again

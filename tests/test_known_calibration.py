@@ -193,6 +193,48 @@ def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_find
     assert not hub.mark_seen("../outside.json") and not hub.mark_seen("missing.json")
 
 
+def test_an_engine_actor_s_calibration_entry_with_a_stored_entry_s_features_is_that_entry_seen_again(tmp_path, monkeypatch):
+    """An actor's shrunk calibration failure with the features of an entry another actor (or an
+    earlier run) stored is that entry seen again: the hub stores no second entry of one bug."""
+    from specfuzz.fuzz.campaign import CampaignStats
+    from specfuzz.fuzz.ray_actors import ActorCampaign, HubCorpus, HubSet
+    from specfuzz.fuzz.ray_hub import CampaignHub
+
+    corpus = tmp_path / "corpus"
+    hub = CampaignHub(str(corpus), 1e-3, {})
+    # Stored through the hub during the run, after the actor last asked for the stored entries.
+    stored, new = hub.store(Entry(kind="calibration", engine={"name": "temperature-bug"},
+                                  case=_case("draft_model", temperature=0.5).to_json(), evidence="actor 1").to_json())
+    assert new
+
+    class Remote:  # the hub's methods as a Ray actor handle has them, called in this process
+        def __init__(self, f):
+            self.remote = f
+
+    handle = type("Handle", (), {m: Remote(getattr(hub, m)) for m in
+                                 ("known_entries", "has_entry", "mark_seen", "store", "contains", "add")})()
+    monkeypatch.setattr("specfuzz.fuzz.ray_actors._get", lambda ref: ref)
+    actor = ActorCampaign.__new__(ActorCampaign)  # its store path only: no engine, no Ray
+    actor.hub, actor.calibration_entries, actor.finding_entries = handle, {}, {}
+    actor.corpus, actor.known, actor.stats = HubCorpus(handle, {"actor": "w1"}), HubSet(handle, "known"), CampaignStats()
+    events = []
+    actor.on_event = lambda message, stats: events.append(message)
+    # Met under ngram and shrunk to the same features (another signature: the method differs).
+    again = Entry(kind="calibration", engine={"name": "temperature-bug"}, case=_case("ngram", temperature=0.5).to_json(),
+                  evidence="actor 2")
+    assert again.signature != json.loads((corpus / stored).read_text())["signature"]
+    actor._store_entry(again)
+    assert sorted(p.name for p in corpus.glob("*.json")) == [stored]
+    assert "seen again" in events[-1] and actor.stats.findings_updated == 1 and actor.stats.findings_new == 0
+    assert Entry.from_json(json.loads((corpus / stored).read_text())).times_seen == 2
+    # Other features: a bug of its own, stored.
+    other = Entry(kind="calibration", engine={"name": "temperature-bug"},
+                  case=_case("ngram", temperature=0.5, top_k=1).to_json(), evidence="actor 2")
+    actor._store_entry(other)
+    assert len(list(corpus.glob("*.json"))) == 2 and actor.stats.findings_new == 1
+    assert not hub.has_entry("missing.json") and not hub.has_entry("../outside.json")
+
+
 def test_every_family_is_logged_with_its_features_samples_and_seconds(tmp_path):
     """.specfuzz/families.jsonl: a line per family run (bench/family_rates.py reads it)."""
     import importlib.util
