@@ -293,6 +293,72 @@ def _llm_accepts(name: str) -> bool:
     return name in inspect.signature(LLM.__init__).parameters
 
 
+def sampling_kwargs(request: Request, *, vocab_size: int, max_model_len: int, speculating: bool,
+                    sampling: frozenset[str] | set[str] = SAMPLING_FIELDS) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.SamplingParams`` for one request, validated (raises
+    InvalidInput), without vLLM: :meth:`VLLMEngine.sampling_params` builds the object from them.
+    Structured outputs come as ``structured_outputs={"regex": ...}`` or ``{"choice": [...]}``
+    (``StructuredOutputsParams``' arguments), bad words as token-id sequences under
+    ``bad_words_token_ids``. ``sampling``: the fields the running engine honours (a skipped
+    tokenizer drops regex/choice)."""
+    p: SamplingParams = request.params
+    V = vocab_size
+    if not request.prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V for t in request.prompt):
+        raise InvalidInput("prompt", request.prompt, f"a non-empty sequence of token ids in [0, {V})")
+    if len(request.prompt) + p.max_tokens > max_model_len:
+        raise InvalidInput(
+            "max_tokens", p.max_tokens,
+            f"at most max_model_len - len(prompt) = {max_model_len - len(request.prompt)}",
+        )
+    p.check_vocab(V)
+    if p.thinking_budget is not None:
+        raise InvalidInput("thinking_budget", p.thinking_budget, "None (the vLLM adapter does not run thinking budgets)")
+    if speculating and (p.min_p > 0.0 or p.logit_bias):
+        name = "min_p" if p.min_p > 0.0 else "logit_bias"
+        raise InvalidInput(
+            name, getattr(p, name),
+            "off with speculation (vLLM: 'The min_p and logit_bias sampling parameters are not yet supported with speculative decoding.')",
+        )
+    if (p.regex is not None or p.choice is not None) and "regex" not in sampling:
+        raise InvalidInput("regex" if p.regex is not None else "choice", p.regex or p.choice, "None when the engine runs without a tokenizer (skip_tokenizer_init)")
+    if p.greedy:
+        temperature = 0.0
+    else:
+        temperature = float(p.temperature)
+        if temperature < MIN_TEMPERATURE or temperature > MAX_TEMPERATURE:
+            raise InvalidInput(
+                "temperature", p.temperature,
+                f"< {GREEDY_TEMPERATURE_EPS:g} (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] "
+                f"(vLLM raises smaller temperatures to {MIN_TEMPERATURE:g} and rejects larger ones)",
+            )
+    kw: dict[str, Any] = dict(
+        temperature=temperature,
+        top_k=int(p.top_k) if p.top_k >= 1 else 0,
+        top_p=float(p.top_p),
+        min_p=float(p.min_p),
+        repetition_penalty=float(p.repetition_penalty),
+        frequency_penalty=float(p.frequency_penalty),
+        presence_penalty=float(p.presence_penalty),
+        min_tokens=int(p.min_tokens),
+        max_tokens=int(p.max_tokens),
+        stop_token_ids=[int(t) for t in p.stop_token_ids] or None,
+        ignore_eos=bool(p.ignore_eos),
+        seed=request.seed,
+        detokenize=False,
+    )
+    if p.logit_bias:
+        kw["logit_bias"] = {int(k): float(v) for k, v in dict(p.logit_bias).items()}
+    if p.allowed_token_ids is not None:
+        kw["allowed_token_ids"] = [int(t) for t in p.allowed_token_ids]
+    if p.regex is not None:
+        kw["structured_outputs"] = {"regex": p.regex}
+    elif p.choice is not None:
+        kw["structured_outputs"] = {"choice": list(p.choice)}
+    if p.bad_words:
+        kw["bad_words_token_ids"] = [[int(t) for t in w] for w in p.bad_words]
+    return kw
+
+
 class VLLMEngine(Engine):
     """vLLM (``vllm.LLM``) behind the :class:`~specfuzz.engines.base.Engine` interface."""
 
@@ -802,67 +868,18 @@ class VLLMEngine(Engine):
         self._require_started()
         from vllm import SamplingParams as VSP
 
-        p: SamplingParams = request.params
-        V = self._vocab_size
-        assert V is not None and self._config is not None
-        if not request.prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V for t in request.prompt):
-            raise InvalidInput("prompt", request.prompt, f"a non-empty sequence of token ids in [0, {V})")
-        if len(request.prompt) + p.max_tokens > self._config.max_model_len:
-            raise InvalidInput(
-                "max_tokens", p.max_tokens,
-                f"at most max_model_len - len(prompt) = {self._config.max_model_len - len(request.prompt)}",
-            )
-        p.check_vocab(V)
-        caps = self._sampling_caps
-        if p.thinking_budget is not None:
-            raise InvalidInput("thinking_budget", p.thinking_budget, "None (the vLLM adapter does not run thinking budgets)")
-        if self._spec is not None and (p.min_p > 0.0 or p.logit_bias):
-            name = "min_p" if p.min_p > 0.0 else "logit_bias"
-            raise InvalidInput(
-                name, getattr(p, name),
-                "off with speculation (vLLM: 'The min_p and logit_bias sampling parameters are not yet supported with speculative decoding.')",
-            )
-        if (p.regex is not None or p.choice is not None) and "regex" not in caps:
-            raise InvalidInput("regex" if p.regex is not None else "choice", p.regex or p.choice, "None when the engine runs without a tokenizer (skip_tokenizer_init)")
-        if p.greedy:
-            temperature = 0.0
-        else:
-            temperature = float(p.temperature)
-            if temperature < MIN_TEMPERATURE or temperature > MAX_TEMPERATURE:
-                raise InvalidInput(
-                    "temperature", p.temperature,
-                    f"< {GREEDY_TEMPERATURE_EPS:g} (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] "
-                    f"(vLLM raises smaller temperatures to {MIN_TEMPERATURE:g} and rejects larger ones)",
-                )
-        kw: dict[str, Any] = dict(
-            temperature=temperature,
-            top_k=int(p.top_k) if p.top_k >= 1 else 0,
-            top_p=float(p.top_p),
-            min_p=float(p.min_p),
-            repetition_penalty=float(p.repetition_penalty),
-            frequency_penalty=float(p.frequency_penalty),
-            presence_penalty=float(p.presence_penalty),
-            min_tokens=int(p.min_tokens),
-            max_tokens=int(p.max_tokens),
-            stop_token_ids=[int(t) for t in p.stop_token_ids] or None,
-            ignore_eos=bool(p.ignore_eos),
-            seed=request.seed,
-            detokenize=False,
-        )
-        if p.logit_bias:
-            kw["logit_bias"] = {int(k): float(v) for k, v in dict(p.logit_bias).items()}
-        if p.allowed_token_ids is not None:
-            kw["allowed_token_ids"] = [int(t) for t in p.allowed_token_ids]
-        if p.regex is not None or p.choice is not None:
+        assert self._vocab_size is not None and self._config is not None
+        kw = sampling_kwargs(request, vocab_size=self._vocab_size, max_model_len=self._config.max_model_len,
+                             speculating=self._spec is not None, sampling=self._sampling_caps)
+        bad_words = kw.pop("bad_words_token_ids", None)
+        if "structured_outputs" in kw:
             from vllm.sampling_params import StructuredOutputsParams
 
-            kw["structured_outputs"] = (
-                StructuredOutputsParams(regex=p.regex) if p.regex is not None else StructuredOutputsParams(choice=list(p.choice))
-            )
+            kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
         sp = VSP(**kw)
-        if p.bad_words:
+        if bad_words:
             # Token-id sequences, as update_from_tokenizer would produce from strings.
-            sp._bad_words_token_ids = [[int(t) for t in w] for w in p.bad_words]
+            sp._bad_words_token_ids = bad_words
         return sp
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
