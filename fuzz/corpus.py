@@ -230,6 +230,11 @@ class Entry:
         )
 
 
+def entry_file_name(entry: Entry) -> str:
+    """The file name an entry is stored under in a corpus folder."""
+    return f"{entry.kind}-{entry.signature}.json"
+
+
 class Corpus:
     """A folder of entries, ``<kind>-<signature>.json``."""
 
@@ -237,7 +242,7 @@ class Corpus:
         self.root = Path(root)
 
     def path_for(self, entry: Entry) -> Path:
-        return self.root / f"{entry.kind}-{entry.signature}.json"
+        return self.root / entry_file_name(entry)
 
     def store(self, entry: Entry) -> tuple[Path, bool]:
         """Write a new entry, or, if its signature is stored, mark the stored one seen again.

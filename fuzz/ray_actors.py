@@ -36,7 +36,7 @@ from specfuzz.case import Case
 from specfuzz.fuzz.campaign import (
     BudgetExhausted, Campaign, CampaignConfig, CampaignStats, PatternFailed, SearchSliceOver, attributed_label,
 )
-from specfuzz.fuzz.corpus import Entry
+from specfuzz.fuzz.corpus import Entry, entry_file_name
 
 # Engine seeds of a retried family's runs: RETRY_SEED x (search index + 1) and up (screening
 # seeds are search seed x 1,000,003 plus offsets, so these do not repeat a search's).
@@ -67,7 +67,7 @@ class HubCorpus:
 
     def path_for(self, entry: Entry) -> Path:
         """The entry's name in the driver's corpus (the names ``known_entries`` hands out)."""
-        return Path(f"{entry.kind}-{entry.signature}.json")
+        return Path(entry_file_name(entry))
 
     def entries(self):
         return iter(())

@@ -197,19 +197,22 @@ class CampaignHub:
                 out.append((str(path.relative_to(self.corpus.root)), e.to_json()))
         return out
 
+    def _entry_path(self, name: str) -> Path | None:
+        """The path of the entry ``name`` (relative to the corpus); None for a name outside it."""
+        path = (self.corpus.root / name).resolve()
+        return path if self.corpus.root.resolve() in path.parents else None
+
     def has_entry(self, name: str) -> bool:
         """Whether the entry ``name`` (relative to the corpus) is stored."""
-        path = (self.corpus.root / name).resolve()
-        return self.corpus.root.resolve() in path.parents and path.is_file()
+        path = self._entry_path(name)
+        return path is not None and path.is_file()
 
     def mark_seen(self, name: str) -> bool:
         """Mark the stored entry ``name`` (relative to the corpus) seen again."""
         from specfuzz.fuzz.corpus import mark_seen_again
 
-        path = (self.corpus.root / name).resolve()
-        if self.corpus.root.resolve() not in path.parents:
-            return False
-        return mark_seen_again(path)
+        path = self._entry_path(name)
+        return path is not None and mark_seen_again(path)
 
     def contains(self, which: str, item: str) -> bool:
         return item in self._set(which)

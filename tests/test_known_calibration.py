@@ -155,6 +155,19 @@ def test_a_candidate_that_passes_with_speculation_off_is_not_taken_for_the_store
             e.close()
 
 
+class _Remote:
+    """A hub method as a Ray actor handle has it (``.remote``), called in this process."""
+
+    def __init__(self, f):
+        self.remote = f
+
+
+def _hub_handle(hub, *methods: str):
+    """A stand-in for the hub's Ray actor handle with ``methods``; pair it with
+    ``monkeypatch.setattr("specfuzz.fuzz.ray_actors._get", lambda ref: ref)``."""
+    return type("Handle", (), {m: _Remote(getattr(hub, m)) for m in methods})()
+
+
 def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_findings_and_marks_them_seen(tmp_path, monkeypatch):
     """Engine actors read an empty scratch corpus: the driver's hub hands them its calibration
     entries and speculation findings (by name, those stored during the run too) and marks one
@@ -176,12 +189,8 @@ def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_find
                                 case=_case("ngram", temperature=0.5, top_k=1).to_json(), evidence="e-value 1e9").to_json())
     assert new and sorted(n for n, _ in hub.known_entries()) == sorted([stored.name, name])
 
-    class Remote:  # the hub's methods as a Ray actor handle has them, called in this process
-        def __init__(self, f):
-            self.remote = f
-
     actor = ActorCampaign.__new__(ActorCampaign)  # just its entry tables: no engine, no Ray
-    actor.hub = type("Handle", (), {"known_entries": Remote(hub.known_entries)})()
+    actor.hub = _hub_handle(hub, "known_entries")
     actor.calibration_entries, actor.finding_entries = {}, {}
     monkeypatch.setattr("specfuzz.fuzz.ray_actors._get", lambda ref: ref)
     actor._refresh_known_entries()
@@ -207,12 +216,7 @@ def test_an_engine_actor_s_calibration_entry_with_a_stored_entry_s_features_is_t
                                   case=_case("draft_model", temperature=0.5).to_json(), evidence="actor 1").to_json())
     assert new
 
-    class Remote:  # the hub's methods as a Ray actor handle has them, called in this process
-        def __init__(self, f):
-            self.remote = f
-
-    handle = type("Handle", (), {m: Remote(getattr(hub, m)) for m in
-                                 ("known_entries", "has_entry", "mark_seen", "store", "contains", "add")})()
+    handle = _hub_handle(hub, "known_entries", "has_entry", "mark_seen", "store", "contains", "add")
     monkeypatch.setattr("specfuzz.fuzz.ray_actors._get", lambda ref: ref)
     actor = ActorCampaign.__new__(ActorCampaign)  # its store path only: no engine, no Ray
     actor.hub, actor.calibration_entries, actor.finding_entries = handle, {}, {}
