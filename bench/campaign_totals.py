@@ -75,6 +75,7 @@ def summarize(state: dict, before: dict | None, label: str) -> dict:
         "swap_fallbacks": eng.get("swap_fallbacks", 0),
         "stale_weights": eng.get("stale_weights", 0),
         "searches": eng.get("searches", 0),
+        "filled_families": eng.get("filled_families", 0),
         "shapes": eng.get("shapes", {}),
         "share": {k: round(v / wall, 3) for k, v in sec.items()} if wall else {},
         "seconds": {k: round(v, 1) for k, v in sec.items()},

@@ -115,6 +115,9 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @click.option("--prestart/--no-prestart", "prestart", default=None,
               help="Start the next search's engine in the background while this search samples (engines that restart in "
                    "a new process; it holds a second engine's memory). Default: wherever spare engines are on.")
+@click.option("--fill-waits/--no-fill-waits", "fill_waits", default=None,
+              help="While a fresh confirmation engine or the speculation-off engine starts, sample more families of the "
+                   "running search on its engine (by table swaps). Default: wherever prestarts are on.")
 @click.option("--reset-state", is_flag=True,
               help="Start a fresh campaign state (α spending, totals, Hypothesis database kept): the old state file, "
                    "damaged or not, is kept beside it under a new name. Needed to go on after the state file was damaged.")
@@ -135,8 +138,8 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
               help="With --ray: CPUs per engine actor.")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
 def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, prestart, reset_state, max_findings,
-             junit_out, json_out, ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, prestart, fill_waits, reset_state,
+             max_findings, junit_out, json_out, ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
 
     Exit status: 0 nothing new (known entries met again included), 1 a new finding or
@@ -183,7 +186,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
         seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
         dtype=dtype, work_dir=work_dir, worker=worker_index, workers=workers, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns, swap=not no_swap, reset_state=reset_state, spare_engines=spare_engines, prestart=prestart,
-        max_findings=max_findings,
+        fill_waits=fill_waits, max_findings=max_findings,
     )
     refusals: list[str] = []
     display = None if quiet else LiveDisplay(cfg, console)
@@ -229,6 +232,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
             cmd += [] if spare_engines is None else ["--spare-engines" if spare_engines else "--no-spare-engines"]
             cmd += [] if prestart is None else ["--prestart" if prestart else "--no-prestart"]
+            cmd += [] if fill_waits is None else ["--fill-waits" if fill_waits else "--no-fill-waits"]
             cmd += [] if max_findings is None else ["--max-findings", str(max_findings)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
     error = None

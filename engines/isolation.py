@@ -34,7 +34,7 @@ import time
 import traceback
 import weakref
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from specfuzz.engines.base import (
     Capabilities, Completion, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, swap_key, swap_parts,
@@ -52,6 +52,9 @@ BUILTIN_ENGINES = {
 # so need a non-daemon child process (see the module docstring).
 NON_DAEMON_ENGINES = frozenset({"specfuzz.engines.sglang_engine:SGLangEngine"})
 LOG_TAIL_BYTES = 8000
+# The waits an engine lends to its ``while_waiting`` hook: its starts (a new process's imports
+# included) and a prestarted engine's warm-up, never a generate call or a swap.
+FILLED_WAITS = frozenset({"ping", "start", "warm_up"})
 # How often the child checks that its parent is still alive (seconds).
 PARENT_POLL_S = 1.0
 # SPECFUZZ_PROFILE_DIR=<folder>: every engine child profiles itself (cProfile: what the
@@ -287,6 +290,14 @@ class IsolatedEngine:
         self._hot: dict | None = None
         self.prestarts = 0  # engines prestarted
         self.hot_starts = 0  # starts served by a prestarted engine
+        # While this engine's start is waited for (its process's imports, the engine's own
+        # start, a prestarted engine's remaining start and warm-up): ``while_waiting`` is called
+        # about once a second, and may run work elsewhere (a campaign samples its running
+        # search engine: fill_wait). Its seconds are lent out: counted in ``lent_s``, not in
+        # ``seconds["start"]``, so that the engines' seconds still add up to at most the wall.
+        self.while_waiting: Callable[[], None] | None = None
+        self.lent_s = 0.0
+        self._lending = False
 
     # -- process management ------------------------------------------------------------
 
@@ -320,11 +331,11 @@ class IsolatedEngine:
         """Wait until a new engine process answers (its imports; a spare's preload): part of
         an engine start, counted in ``seconds["start"]`` whatever the first command is."""
         self._unready = False
-        t0 = time.monotonic()
+        t0, lent = time.monotonic(), self.lent_s
         try:
             self._call("ping", timeout=timeout)
         finally:
-            waited = time.monotonic() - t0
+            waited = time.monotonic() - t0 - (self.lent_s - lent)
             self.ready_wait_s += waited
             if not self._starting:  # within start(), start() counts it
                 self.seconds["start"] += waited
@@ -387,10 +398,9 @@ class IsolatedEngine:
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return self._crashed("timeout", f"{cmd} did not answer within {timeout:.0f} s")
             try:
-                ready = self._conn.poll(min(remaining, 1.0))
+                # (past the deadline, one last look: lent work may have outlasted the answer)
+                ready = self._conn.poll(min(max(remaining, 0.0), 1.0))
             except (EOFError, OSError):
                 ready = False
             if ready:
@@ -399,8 +409,12 @@ class IsolatedEngine:
                 except (EOFError, OSError):
                     return self._crashed(*self._death(cmd))
                 break
+            if remaining <= 0:
+                return self._crashed("timeout", f"{cmd} did not answer within {timeout:.0f} s")
             if not self._proc.is_alive():
                 return self._crashed(*self._death(cmd))
+            if cmd in FILLED_WAITS:
+                self._lend_wait()
         status = reply[0]
         if status == "ok":
             return reply[1]
@@ -415,6 +429,20 @@ class IsolatedEngine:
         self._kill()
         self.crashes += 1
         raise EngineCrash("exception", f"{cmd} raised {exc_type}: {message}", (self.log_tail() + "\n" + tb)[-LOG_TAIL_BYTES:])
+
+    def _lend_wait(self) -> None:
+        """One call of ``while_waiting`` (not nested: a hook whose work waits for a start of its
+        own is not called again meanwhile); its seconds go to ``lent_s``."""
+        hook = self.while_waiting
+        if hook is None or self._lending:
+            return
+        self._lending = True
+        t0 = time.monotonic()
+        try:
+            hook()
+        finally:
+            self._lending = False
+            self.lent_s += time.monotonic() - t0
 
     def _death(self, cmd: str) -> tuple[str, str]:
         assert self._proc is not None
@@ -480,11 +508,11 @@ class IsolatedEngine:
         # restart in-process; a dead one is respawned by _call.
         if self._proc is not None and self._config is not None and not getattr(self.capabilities(), "restart_in_process", True):
             self.close(keep_spare=True, discard=True)
-        t0 = time.monotonic()
+        t0, lent = time.monotonic(), self.lent_s
         try:
             self._call("start", config, timeout=self.start_timeout_s)
         finally:
-            self.seconds["start"] += time.monotonic() - t0
+            self.seconds["start"] += time.monotonic() - t0 - (self.lent_s - lent)
         self._config = config
         self.starts += 1
 
@@ -604,7 +632,7 @@ class IsolatedEngine:
         self._config = None
         self._unready = False
         _LIVE.add(self)
-        t0 = time.monotonic()
+        t0, lent = time.monotonic(), self.lent_s
         crashes = self.crashes
         step = "start"
         try:
@@ -627,7 +655,7 @@ class IsolatedEngine:
                                 "log_tail": str(getattr(exc, "log_tail", "") or "")[-2000:]})
             return False
         finally:
-            self.seconds["start"] += time.monotonic() - t0
+            self.seconds["start"] += time.monotonic() - t0 - (self.lent_s - lent)
         self._config = hot["config"]
         self.starts += 1
         self.hot_starts += 1
@@ -716,6 +744,11 @@ class IsolatedEngine:
         if self._proc is None or self._config is None:
             raise RuntimeError(f"{method}() before start()")
         return self._call(method, *args, timeout=self.call_timeout_s if timeout is None else timeout)
+
+    @property
+    def running_config(self) -> EngineConfig | None:
+        """The config of the engine running now (None: none is)."""
+        return self._config if self._proc is not None else None
 
     @property
     def pid(self) -> int | None:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, given, reject, seed as hyp_seed, settings, target
+from hypothesis import HealthCheck, Phase, example, given, reject, seed as hyp_seed, settings, target
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky, HypothesisException
 
@@ -105,6 +105,12 @@ CONFIRM_MARGIN = 1.5
 # CampaignConfig.spare_engines=None turns spare engine processes on from this many CPUs.
 SPARE_MIN_CPUS = 8
 # IsolatedEngine counters added up over a campaign's engines into totals["engine"].
+# Filling start waits (CampaignConfig.fill_waits): draws per wait until one family runs on the
+# running search engine by a swap; the least budget left for one; the most failing families
+# kept for after the search's own failure (a search meets few: the rest are screened again then).
+FILL_DRAWS = 3
+FILL_MIN_LEFT_S = 5.0
+MAX_DEFERRED = 8
 ENGINE_COUNTERS = ("starts", "warm_starts", "hot_starts", "prestarts", "swaps", "swap_fallbacks")
 
 
@@ -277,7 +283,22 @@ def state_problem(d: object) -> str | None:
     simplest = d.get("simplest_run") or []
     if not isinstance(simplest, list) or not all(isinstance(x, str) for x in simplest):
         return "has a malformed simplest_run list"
+    deferred = d.get("deferred") or []
+    if not isinstance(deferred, list) or not all(isinstance(f, list) and all(isinstance(c, dict) for c in f) for f in deferred):
+        return "has a malformed deferred list (families of case objects)"
     return None
+
+
+def _load_deferred(state: dict | None) -> list[list[Case]]:
+    """The failing filling families a state kept (Campaign._fill_wait); one that no longer
+    reads as a case family (another specfuzz version) is dropped."""
+    out: list[list[Case]] = []
+    for fam in (state or {}).get("deferred") or []:
+        try:
+            out.append([Case.from_json(c) for c in fam])
+        except (InvalidInput, KeyError, TypeError, ValueError):
+            continue
+    return out[:MAX_DEFERRED]
 
 
 def set_aside(path: Path, why: str) -> Path:
@@ -320,6 +341,10 @@ class CampaignConfig:
     # Start the next search's engine in the background while this search samples
     # (IsolatedEngine.prestart; None: wherever spare engines are on).
     prestart: bool | None = None
+    # While a fresh confirmation engine or the speculation-off engine starts (tens of seconds
+    # on a GPU), sample more families of the running search on its engine, by swaps
+    # (Campaign._fill_wait; None: wherever prestarts are on).
+    fill_waits: bool | None = None
     reset_state: bool = False  # start a fresh state; the old file is kept aside (Campaign._load_state)
     # Stop after the search in which this many new corpus entries (findings, crashes, stale
     # weights) were stored by this process (None: run to the budget). ``--max-findings 1`` is a
@@ -400,7 +425,7 @@ class Campaign:
         # speculation-off engine, fresh confirmation engines): starts, swaps, and where the
         # wall time went (seconds: start, swap, sample, shrink, other).
         eng = self.totals.setdefault("engine", {})
-        for k in (*ENGINE_COUNTERS, "stale_weights", "families", "samples", "searches"):
+        for k in (*ENGINE_COUNTERS, "stale_weights", "families", "samples", "searches", "filled_families"):
             eng.setdefault(k, 0)
         eng.setdefault("seconds", {})
         for k in ("start", "swap", "sample", "shrink", "other"):
@@ -424,6 +449,18 @@ class Campaign:
         # calibration bugs] (_calibration_likely: which fresh confirmation to start ahead).
         self._confirmed_kinds = [0, 0]
         self._last_call: tuple[int, int | None] = (0, None)  # the last run's largest call and split (_run)
+        # Filling start waits (_fill_wait): the running search's strategy and seed, whether a
+        # filling family runs now, the seconds the filling families took (wall, and of it the
+        # running engine's swaps and sampling: _account counts them as such even while a
+        # failure shrinks), and failing filling families kept for after the search's own
+        # failure (in the state: a campaign killed meanwhile screens them when it resumes).
+        self._fill_strategy = None
+        self._fill_seed = 0
+        self._fill_count = 0
+        self._filling = False
+        self._fill = {"wall": 0.0, "swap": 0.0, "sample": 0.0}
+        self._acct_fill = dict(self._fill)
+        self._deferred: list[list[Case]] = _load_deferred(state)
         self._prestart_due = False  # the next search's engine is to be prestarted (_prestart_next)
         # The speculation-off engine's prestarts (_prestart_spec_off): the next search's config
         # (its search index and config) and the search the prestarted one is for.
@@ -515,6 +552,7 @@ class Campaign:
             "searches": self.search_index,
             "totals": self.totals,
             "simplest_run": sorted(self.simplest_run),
+            **({"deferred": [[c.to_json() for c in fam] for fam in self._deferred]} if self._deferred else {}),
         })
 
     def _account(self, wall: float) -> None:
@@ -527,7 +565,16 @@ class Campaign:
         now = {k: sum(e.seconds[k if k != "sample" else "generate"] for e in self._engines) for k in ("start", "swap", "sample")}
         delta = {k: max(0.0, now[k] - self._acct[k]) for k in now}
         self._acct = now
+        fill = {k: self._fill[k] - self._acct_fill[k] for k in self._fill}
+        self._acct_fill = dict(self._fill)
         if self._shrinking:
+            # Families sampled while a shrink's engines started (_fill_wait) are the search's
+            # sampling, not the shrink's: their seconds go to swap, sample and other.
+            for k in ("swap", "sample"):
+                sec[k] = sec[k] + fill[k]
+                delta[k] = max(0.0, delta[k] - fill[k])
+            sec["other"] = sec["other"] + max(0.0, fill["wall"] - fill["swap"] - fill["sample"])
+            wall = max(0.0, wall - fill["wall"])
             sec["shrink"] = sec["shrink"] + wall
             sec = eng["shrink_seconds"]
         for k, d in delta.items():
@@ -540,7 +587,73 @@ class Campaign:
         e = IsolatedEngine(self.cfg.engine, self.cfg.engine_kwargs, log_dir=Path(self.cfg.work_dir) / "logs",
                            swap=self.cfg.swap, spare=self._spares())
         self._engines.append(e)
+        # (the fresh confirmation and speculation-off engines: their starts are filled)
+        e.while_waiting = lambda: self._fill_wait(e)
         return e
+
+    def _fills(self) -> bool:
+        """Whether start waits are filled (CampaignConfig.fill_waits)."""
+        return self._prestarts() if self.cfg.fill_waits is None else bool(self.cfg.fill_waits)
+
+    def _fill_wait(self, waiting: IsolatedEngine) -> None:
+        """Called about once a second while ``waiting`` (a fresh confirmation engine, the
+        speculation-off engine) starts: one more family of the running search, on the search's
+        engine, by a swap (never a start: a draw that needs one is passed over), screened as any.
+        On the H200 (SGLang, 3 workers, 2026-12-04) 13-15 fresh confirmation starts of ~33 s
+        and 8-11 speculation-off starts of ~30 s per run were each waited out with the search
+        engine idle: a quarter of every worker's time. A filling family that fails its
+        screening is kept (MAX_DEFERRED) and examined as a candidate once the search's own
+        failure is shrunk and stored (:meth:`_examine_deferred`); one that crashes the engine is
+        recorded as found, as a crash met while another failure shrinks is."""
+        if (self._filling or waiting is self.engine or self._fill_strategy is None or not self._fills()
+                or self._left() <= FILL_MIN_LEFT_S):
+            return
+        eng = self.engine
+        running = eng.running_config
+        if running is None:
+            return
+        spec = not self.cfg.calibration_only
+        self._filling = True
+        t0, sw0, g0 = time.monotonic(), eng.seconds["swap"], eng.seconds["generate"]
+        try:
+            for _ in range(FILL_DRAWS):
+                self._fill_count += 1
+                seed = self._fill_seed + 7919 * self._fill_count
+                fam = draw_example(self._fill_strategy, seed)
+                try:
+                    cfg = engine_config(fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
+                                        speculation=spec, settings=dict(self.cfg.engine_settings), family=fam)
+                except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
+                    continue
+                if cfg != running and not eng.can_swap(cfg):
+                    continue
+                try:
+                    runs = self._run(fam, [self.cfg.screen_alpha] * len(fam), seed, speculation=spec, engine=eng)
+                except (AmbiguousSemantics, OutputSpaceTooLarge):
+                    self.stats.rejected += 1
+                    continue
+                except InvalidInput as exc:
+                    self.stats.refused += 1
+                    self._log_refusal(fam, exc, spec)
+                    continue
+                self.stats.cases += 1
+                self.stats.patterns += len(fam)
+                self._count(fam, runs, spec)
+                self.totals["engine"]["filled_families"] += 1
+                crash = next((r.crash for r in runs if r.crash is not None), None)
+                if crash is not None:
+                    self._record_crash(fam[0], crash, list(fam))
+                elif any(r.failed for r in runs) and len(self._deferred) < MAX_DEFERRED:
+                    self._deferred.append(list(fam))
+                    self.on_event("a family sampled while an engine started failed its screening: "
+                                  "examined once this search's failure is handled", self.stats)
+                return
+        finally:
+            self._filling = False
+            f = self._fill
+            f["wall"] += time.monotonic() - t0
+            f["swap"] += eng.seconds["swap"] - sw0
+            f["sample"] += eng.seconds["generate"] - g0
 
     def _spares(self) -> bool:
         """Whether this campaign's engines keep a warmed-up spare process (CampaignConfig.spare_engines)."""
@@ -637,7 +750,7 @@ class Campaign:
         else:
             eng = engine or self.engine
         before, swaps, falls = eng.starts, eng.swaps, eng.swap_fallbacks
-        secs = dict(eng.seconds, ready=getattr(eng, "ready_wait_s", 0.0))
+        secs = dict(eng.seconds, ready=getattr(eng, "ready_wait_s", 0.0), lent=getattr(eng, "lent_s", 0.0))
         t0 = time.monotonic()
         split = getattr(self.engine.capabilities(), "seeded_call_prompt_tokens", None)
         try:
@@ -658,7 +771,9 @@ class Campaign:
         self._last_call = (max((r.call_requests for r in runs), default=0), split)
         self._log_family(cases, runs, eng, secs, time.monotonic() - t0, speculation, fresh)
         self._drain_events(cases[0])
-        if self._prestart_due and eng is self.engine and not fresh:
+        if self._filling:
+            pass  # a family filling another engine's start: that start's caller prestarts as usual
+        elif self._prestart_due and eng is self.engine and not fresh:
             self._prestart_next()
         elif eng is self._spec_off_engine and self._spec_off_next is not None:
             self._prestart_spec_off()
@@ -776,7 +891,8 @@ class Campaign:
         fields = _family_fields(cases, speculation)
         rec = {
             "time": round(time.time(), 3), "worker": self.cfg.worker, "search": self.search_index, "role": "fresh" if fresh else (
-                "calibration" if eng is self._spec_off_engine else "shrink" if self._shrinking else "search"),
+                "calibration" if eng is self._spec_off_engine else "filler" if self._filling
+                else "shrink" if self._shrinking else "search"),
             "method": fields["method"], "engine_default": bool(spec is not None and spec.engine_default),
             "V": fields["V"], "patterns": fields["patterns"], "samples": sum(r.n for r in runs), "features": fields["features"],
             "prompt_tokens": max(len(c.prompt) for c in cases), "max_tokens": max(c.params.max_tokens for c in cases),
@@ -785,6 +901,8 @@ class Campaign:
             # Of the start: waiting for the engine process to answer (its imports; a spare
             # process taken before its preload finished), against the engine's own start.
             "ready_s": round(getattr(eng, "ready_wait_s", 0.0) - secs.get("ready", 0.0), 4),
+            # Of its wall: lent to families filling the start's wait (role "filler", logged first)
+            "lent_s": round(getattr(eng, "lent_s", 0.0) - secs.get("lent", 0.0), 4),
             "wall_s": round(wall, 4),
         }
         try:
@@ -1215,10 +1333,13 @@ class Campaign:
         self.on_event(f"greedy shrink: {'; '.join(res.steps)}", self.stats)
         return [small.case], small, conf2, j2
 
-    def _search(self, strategy, search_seed: int, shape_key: str = "") -> tuple[list[Case], CaseRun, CaseRun, int] | None:
+    def _search(self, strategy, search_seed: int, shape_key: str = "",
+                explicit: list[list[Case]] | None = None) -> tuple[list[Case], CaseRun, CaseRun, int] | None:
         """One Hypothesis run over one start shape; returns the smallest confirmed failure
         (family, run, confirmation, confirmation index). ``shape_key`` keys the shape's
-        examples in the Hypothesis database."""
+        examples in the Hypothesis database. ``explicit``: run only these families (Hypothesis's
+        explicit phase: a failing one is handled as any candidate, then shrunk by the greedy
+        shrinker alone), as :meth:`_examine_deferred` does."""
         confirmed: list[tuple[list[Case], CaseRun, CaseRun, int]] = []
         label_of_first: list[str | None] = []
         # A crash is shrunk too: Hypothesis keeps the smallest family that crashes the
@@ -1250,9 +1371,11 @@ class Campaign:
         def slice_over() -> bool:
             left_out = opening[0] if opening else eng.seconds["start"] - starts_before
             return time.monotonic() - left_out > slice_end
-        simplest = simplest_key(strategy)
+        simplest = None if explicit else simplest_key(strategy)
         self._shrink_started = 0.0
         self._spec_off_found = False
+        # While this search's candidates wait for engine starts, its engine samples more of it.
+        self._fill_strategy, self._fill_seed = strategy, search_seed * 1_000_003 + 500_009
 
         def shrinking() -> None:
             if not self._shrink_started:
@@ -1266,13 +1389,16 @@ class Campaign:
         # Each shape keys its own examples in the database (a stored failure is replayed on
         # the shape it was found on).
         search._hypothesis_internal_add_digest = shape_key.encode()  # type: ignore[attr-defined]
+        searching = given(strategy)(search)
+        for fam in explicit or ():
+            searching = example(fam)(searching)
         # The settings go on last: @seed under them would switch the database off.
         search = settings(
             database=self._example_database(),
             max_examples=EXAMPLES_PER_SEARCH, deadline=None, derandomize=False, print_blob=False,
             suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
-        )(hyp_seed(search_seed)(given(strategy)(search)))
+            phases=(Phase.explicit,) if explicit else (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        )(hyp_seed(search_seed)(searching))
 
         def run_example(cases: list[Case]) -> None:
             if self._left() <= 0:
@@ -1434,6 +1560,36 @@ class Campaign:
         # fallback where neither confirms.
         self._found_fallback = next((c for c in reversed(confirmed) if c[2] is not None), None)
         return confirmed[-1] if confirmed else None
+
+    def _handle_found(self, found: tuple | None, armed: bool) -> None:
+        """What a search found: shrunk (greedy shrinker), confirmed and stored; then the
+        search's shrinking state ends."""
+        if found is not None:
+            if armed:  # shrinking, calibrating and storing may overrun the budget a little
+                signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + self._shrink_cap_s() + 120)
+            found = self._greedy_shrink_found(found, self._found_speculation())
+            if found is not None:
+                _, run, conf, j = found
+                self._store_failure(run, conf, j)
+            if armed:
+                signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
+        self._pending_path().unlink(missing_ok=True)
+        self._save_state()
+        self._shrinking = False
+
+    def _examine_deferred(self, strategy, armed: bool) -> None:
+        """The filling families that failed their screening (:meth:`_fill_wait`), each run as a
+        search of its own explicit example on this search's shape: a candidate like any (known
+        bugs recognised, screened again, confirmed on a fresh engine, shrunk and stored). A
+        family's failure may have been the search's own bug met again: then it is seen again
+        or passes. Those left when the budget ends stay in the state for the next run."""
+        while self._deferred and self._left() > 0:
+            fam = self._deferred.pop(0)
+            self._save_state()
+            self.on_event(f"examining a family that failed while an engine started ({len(self._deferred)} more)", self.stats)
+            found = self._search(strategy, self.cfg.seed * 100_000 + self.search_index * 101 + len(self._deferred),
+                                 explicit=[fam])
+            self._handle_found(found, armed)
 
     def _confirm_smallest(self, found: tuple) -> tuple:
         """The smallest failure Hypothesis kept (unconfirmed), confirmed on a freshly started
@@ -1667,19 +1823,10 @@ class Campaign:
                 eng["searches"] += 1
                 eng["shapes"][self.shape.variant] = eng["shapes"].get(self.shape.variant, 0) + 1
                 self.on_event(f"search {self.search_index}: {self.shape.describe()}", self.stats)
-                found = self._search(self._strategy(self.shape), self.cfg.seed * 100_000 + self.search_index, shape_key)
-                if found is not None:
-                    if armed:  # shrinking, calibrating and storing may overrun the budget a little
-                        signal.setitimer(signal.ITIMER_REAL, max(self._left(), 0) + self._shrink_cap_s() + 120)
-                    found = self._greedy_shrink_found(found, self._found_speculation())
-                    if found is not None:
-                        _, run, conf, j = found
-                        self._store_failure(run, conf, j)
-                    if armed:
-                        signal.setitimer(signal.ITIMER_REAL, max(0.1, self._left() + WATCHDOG_GRACE_S))
-                self._pending_path().unlink(missing_ok=True)
-                self._save_state()
-                self._shrinking = False
+                strategy = self._strategy(self.shape)
+                found = self._search(strategy, self.cfg.seed * 100_000 + self.search_index, shape_key)
+                self._handle_found(found, armed)
+                self._examine_deferred(strategy, armed)
                 if self.cfg.max_findings and len(self.stats.stored) >= self.cfg.max_findings:
                     self.on_event(f"stopping: {len(self.stats.stored)} new corpus entries stored "
                                   f"(--max-findings {self.cfg.max_findings})", self.stats)

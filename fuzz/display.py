@@ -101,7 +101,8 @@ def engine_time_table(engine: str, eng: dict, wall: float, workers: int = 1) -> 
     fpm = 60 * eng.get("families", 0) * workers / total
     how = [f"{eng[k]} {word}" for k, word in (("warm_starts", "warm"), ("hot_starts", "prestarted")) if eng.get(k)]
     starts = str(eng.get("starts", 0)) + (f" ({', '.join(how)})" if how else "")
-    t.add_row(starts, str(eng.get("swaps", 0)), str(eng.get("families", 0)), f"{fpm:.1f}", *share)
+    fams = str(eng.get("families", 0)) + (f" ({eng['filled_families']} filling start waits)" if eng.get("filled_families") else "")
+    t.add_row(starts, str(eng.get("swaps", 0)), fams, f"{fpm:.1f}", *share)
     return t
 
 
