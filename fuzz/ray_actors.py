@@ -212,6 +212,12 @@ class ActorCampaign(Campaign):
             return []
         return [line for line in text.splitlines() if line.strip()]
 
+    def _fills(self) -> bool:
+        """No start waits filled in an engine actor (Campaign._fill_wait): the hub keeps one
+        family in flight per actor (begin_family/end_family: what a dead actor was running),
+        and a family filling a start would replace the one whose start it fills."""
+        return False
+
     def _run(self, cases, alphas, seed, speculation=True, engine=None, fresh=False, max_samples=None):
         role = "calibration" if engine is not None and engine is self._spec_off_engine else ("fresh" if fresh else "search")
         _get(self.hub.begin_family.remote(self.key, {
