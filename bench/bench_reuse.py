@@ -85,6 +85,8 @@ def main() -> int:
                     help="warmed-up spare engine processes (CampaignConfig.spare_engines; auto: with 8+ CPUs)")
     ap.add_argument("--prestart", choices=("auto", "on", "off"), default="auto",
                     help="the next search's engine started in the background (CampaignConfig.prestart; auto: with spares)")
+    ap.add_argument("--fill-waits", choices=("auto", "on", "off"), default="auto",
+                    help="families of the running search sampled while another engine starts (CampaignConfig.fill_waits; auto: with prestarts)")
     ap.add_argument("--known", type=Path, default=None,
                     help="a corpus folder whose entries the campaign starts with (known bugs are then seen again, not "
                          "shrunk again: a campaign resumed by a user who has its engine's findings already)")
@@ -132,6 +134,8 @@ def main() -> int:
             kw["spare_engines"] = {"auto": None, "on": True, "off": False}[args.spare]
         if "prestart" in CampaignConfig.__dataclass_fields__:
             kw["prestart"] = {"auto": None, "on": True, "off": False}[args.prestart]
+        if "fill_waits" in CampaignConfig.__dataclass_fields__:
+            kw["fill_waits"] = {"auto": None, "on": True, "off": False}[args.fill_waits]
         prof = None
         if args.profile is not None:
             import cProfile
@@ -151,13 +155,16 @@ def main() -> int:
             prof.dump_stats(str(args.profile / "driver.prof"))
             _profile_summary(args.profile)
         totals = dict(camp.totals)
+        # seconds a start lent to families filling its wait (IsolatedEngine.lent_s): sampling, not
+        # starting (their swaps, inside that start too, are taken out of it as swap_in_start already)
+        lent = sum(getattr(e, "lent_s", 0.0) for e in camp._engines) - getattr(camp, "_fill", {}).get("swap", 0.0)
         if args.keep is not None:  # what the bench found is kept: a finding is a finding
             import shutil
 
             shutil.copytree(Path(tmp) / "corpus", args.keep / "corpus", dirs_exist_ok=True)
             if (Path(tmp) / "wd" / "logs").is_dir():
                 shutil.copytree(Path(tmp) / "wd" / "logs", args.keep / "logs", dirs_exist_ok=True)
-    start = bucket.get("start", 0.0) - bucket.get("swap_in_start", 0.0)
+    start = bucket.get("start", 0.0) - bucket.get("swap_in_start", 0.0) - lent
     swap = bucket.get("swap", 0.0)
     sample = bucket.get("sample", 0.0)
     try:
@@ -181,6 +188,7 @@ def main() -> int:
         "warm_starts": (totals.get("engine") or {}).get("warm_starts"),
         "prestarts": (totals.get("engine") or {}).get("prestarts"),
         "hot_starts": (totals.get("engine") or {}).get("hot_starts"),
+        "filled_families": (totals.get("engine") or {}).get("filled_families"),
         "swaps": getattr(stats, "swaps", 0),
         "swap_fallbacks": getattr(stats, "swap_fallbacks", 0),
         "searches": stats.searches,
