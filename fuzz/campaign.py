@@ -619,7 +619,10 @@ class Campaign:
             for _ in range(FILL_DRAWS):
                 self._fill_count += 1
                 seed = self._fill_seed + 7919 * self._fill_count
-                fam = draw_example(self._fill_strategy, seed)
+                try:
+                    fam = draw_example(self._fill_strategy, seed)
+                except (HypothesisException, IndexError):
+                    continue  # (a strategy whose draws this seed all rejected: the wait goes unfilled)
                 try:
                     cfg = engine_config(fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
                                         speculation=spec, settings=dict(self.cfg.engine_settings), family=fam)
