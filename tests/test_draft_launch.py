@@ -6,6 +6,7 @@ reconstructed, and ``specfuzz draft --verify`` records what the repro printed.""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import json
@@ -97,6 +98,47 @@ def test_sglang_repro_maps_sampling_like_the_adapter():
         ours = sglang_sampling_params(params.to_json(), 7)
         adapter = sampling_params_dict(Request((0,), params, 7), vocab_size=4, max_model_len=64)
         assert ours == adapter
+
+
+@pytest.mark.parametrize("stem", ["finding-f018724b48c4b56c", "h200/sglang/finding-f306d3d9f91e5b44"])
+def test_repro_changes_the_launch_only_when_asked_and_says_so(tmp_path, stem):
+    """repro.py --engine-arg / --no-speculation (vLLM and SGLang parts): as found by default; a
+    change sets or drops exactly those launch keyword arguments and the engine line names it; a
+    malformed --engine-arg is refused by the command line before any engine starts."""
+    path = ROOT / "corpus" / f"{stem}.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = prepare(entry(path), path.stem)
+    script = tmp_path / "repro.py"
+    script.write_text(render_repro(data, 100, "title"))
+    mod = _load(script)
+    found = json.loads(json.dumps(mod.LAUNCH["kwargs"]))
+    spec_keys = [k for k in found if k.startswith(("speculative_", "per_request_spec_decode_metrics"))]
+    assert spec_keys  # a speculative finding: its launch turns speculation on
+
+    def parse(*argv):
+        ap = argparse.ArgumentParser()
+        mod.add_engine_arguments(ap)
+        return ap.parse_args(list(argv))
+
+    as_found = parse()
+    assert mod.launch_kwargs(as_found) == found and mod.launch_changes(as_found) == ""
+    changed = parse("--no-speculation", "--engine-arg", "max_num_seqs=1024", "--engine-arg", "note=plain text",
+                    "--engine-arg", 'nested={"a": [1, 2]}')
+    kw = mod.launch_kwargs(changed)
+    assert not any(k in kw for k in spec_keys)
+    assert kw == {**{k: v for k, v in found.items() if k not in spec_keys}, "max_num_seqs": 1024,
+                  "note": "plain text", "nested": {"a": [1, 2]}}
+    assert mod.launch_changes(changed) == ('; CHANGED for this run: no speculation, max_num_seqs=1024, '
+                                           'note="plain text", nested={"a": [1, 2]}')
+    assert mod.LAUNCH["kwargs"] == found  # the recorded launch itself is left as found
+    if data.engine_kind == "vllm":  # (SGLang is not installed here: its describe imports it)
+        assert "started as found" in mod.describe(as_found)
+        line = mod.describe(changed)
+        assert "started with changes" in line and line.endswith(mod.launch_changes(changed))
+    with pytest.raises(SystemExit) as exc:
+        parse("--engine-arg", "max_num_seqs")
+    assert exc.value.code == 2
 
 
 # ----------------------------------------------------------------------------- EAGLE heads

@@ -27,7 +27,9 @@ Needs only {{NEEDS}}.
    among many outputs. E = (E_KT + E_tree) / 2; with a suspected bug law muD,
    E = (E + muD/mu) / 2.
    Under mu, P(E ever reaches 1/alpha) <= alpha = {{ALPHA}}: looking after every batch is fine.
-The last line printed is FAIL (E >= 1/alpha) or PASS.
+The last line printed is FAIL (E >= 1/alpha) or PASS. Run as found by default; for engines
+started from a recorded launch, --engine-arg KEY=VALUE and --no-speculation start the engine
+otherwise (the engine line then says what was changed) to narrow the cause down.
 """
 from __future__ import annotations
 
@@ -78,6 +80,52 @@ BATCH_PATTERNS = None  # a crash in a mixed batch: the other request patterns [{
 DEFAULT_SAMPLES = 1000
 ALPHA = 0.001
 # ---- data ends ----
+
+# ---- the engine's launch, as found or changed on the command line -----------------------
+# Launch keyword arguments that turn speculation on, or that the engine refuses without it
+# (vLLM: speculative_config, per_request_spec_decode_metrics; SGLang: speculative_*).
+SPECULATION_KEYS = ("speculative_", "per_request_spec_decode_metrics")
+
+
+def engine_arg(text):
+    """One --engine-arg: KEY=VALUE -> (KEY, VALUE read as JSON, else the string)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. max_num_seqs=1024)")
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
+
+
+def add_launch_arguments(ap):
+    """--engine-arg and --no-speculation, for engines started from LAUNCH["kwargs"]."""
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", type=engine_arg,
+                    help="start the engine with this launch keyword argument set (VALUE read as JSON, else as a "
+                         "string; repeatable), e.g. --engine-arg max_num_seqs=1024; the run is then not the finding "
+                         "as found, and the engine line says so")
+    ap.add_argument("--no-speculation", action="store_true",
+                    help="start the engine without its speculative settings (keys " + ", ".join(SPECULATION_KEYS)
+                         + "): the same requests against the same law mu, speculation off")
+
+
+def launch_kwargs(args):
+    """LAUNCH["kwargs"] with the command line's changes (--no-speculation, then each --engine-arg)."""
+    kw = dict(LAUNCH["kwargs"])
+    if getattr(args, "no_speculation", False):
+        kw = {k: v for k, v in kw.items() if not k.startswith(SPECULATION_KEYS)}
+    for key, value in getattr(args, "engine_arg", None) or ():
+        kw[key] = value
+    return kw
+
+
+def launch_changes(args):
+    """What the command line changed in the launch, for the engine line ("" when run as found)."""
+    parts = ["no speculation"] if getattr(args, "no_speculation", False) else []
+    parts += [f"{k}={json.dumps(v)}" for k, v in getattr(args, "engine_arg", None) or ()]
+    return "; CHANGED for this run: " + ", ".join(parts) if parts else ""
+
 
 # ---- checkpoints (the construction of specfuzz.tablegen, inline) ---------------------
 RMS_NORM_EPS = 2.0 ** -60  # vanishes against the final norm's mean square of exactly 1.0

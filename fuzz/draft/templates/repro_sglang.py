@@ -6,7 +6,9 @@
 # "repro.py begins" line are for linting and testing this file alone.
 import os
 
-from specfuzz.fuzz.draft.templates.repro_common import ENGINE_VERSION, LAUNCH, PROMPT
+from specfuzz.fuzz.draft.templates.repro_common import (
+    ENGINE_VERSION, LAUNCH, PROMPT, add_launch_arguments, launch_changes, launch_kwargs,
+)
 
 # ---- repro.py begins ----
 
@@ -19,7 +21,7 @@ HARD_EXIT = True  # leave without interpreter-exit hooks (SGLang's can hang); th
 
 
 def add_engine_arguments(ap):
-    pass
+    add_launch_arguments(ap)
 
 
 def launch_environment():
@@ -32,11 +34,12 @@ def launch_environment():
 def describe(args):
     import sglang
 
-    kw = LAUNCH["kwargs"]
+    kw = launch_kwargs(args)
     shown = {k: kw[k] for k in ("dtype", "attention_backend", "sampling_backend", "disable_cuda_graph",
                                 "speculative_algorithm") if k in kw}
-    return (f"engine: SGLang {sglang.__version__} (the finding: {ENGINE_VERSION}); started as found "
-            f"({LAUNCH.get('source', 'recorded')} launch): {shown}")
+    return (f"engine: SGLang {sglang.__version__} (the finding: {ENGINE_VERSION}); "
+            f"{'started with changes' if launch_changes(args) else 'started as found'} "
+            f"({LAUNCH.get('source', 'recorded')} launch): {shown}{launch_changes(args)}")
 
 
 def with_checkpoints(value, ckpt):
@@ -81,7 +84,7 @@ def start_engine(ckpt, args):
     os.environ.update(launch_environment())
     import sglang
 
-    kwargs = with_checkpoints(LAUNCH["kwargs"], ckpt)
+    kwargs = with_checkpoints(launch_kwargs(args), ckpt)
     if kwargs.get("random_seed") is None:
         # As the adapter does: a fresh engine seed per start (per-request seeds are ignored by default).
         kwargs["random_seed"] = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF

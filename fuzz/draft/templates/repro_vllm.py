@@ -7,7 +7,9 @@
 # line are for linting and testing this file alone; in the script these names are its own.
 import os
 
-from specfuzz.fuzz.draft.templates.repro_common import ENGINE_VERSION, EOS_TOKEN_ID, LAUNCH, PROMPT
+from specfuzz.fuzz.draft.templates.repro_common import (
+    ENGINE_VERSION, EOS_TOKEN_ID, LAUNCH, PROMPT, add_launch_arguments, launch_changes, launch_kwargs,
+)
 
 # ---- repro.py begins ----
 
@@ -18,7 +20,7 @@ CHECKPOINT_PLACEHOLDERS = ("{target}", "{draft}")  # LAUNCH's names for the chec
 
 
 def add_engine_arguments(ap):
-    pass
+    add_launch_arguments(ap)
 
 
 def launch_environment():
@@ -32,8 +34,9 @@ def describe(args):
     import vllm
 
     env = " ".join(f"{k}={v}" for k, v in sorted(launch_environment().items()))
-    return (f"engine: vLLM {vllm.__version__} (the finding: {ENGINE_VERSION}); started as found "
-            f"({LAUNCH.get('source', 'recorded')} launch): {env}")
+    return (f"engine: vLLM {vllm.__version__} (the finding: {ENGINE_VERSION}); "
+            f"{'started with changes' if launch_changes(args) else 'started as found'} "
+            f"({LAUNCH.get('source', 'recorded')} launch): {env}{launch_changes(args)}")
 
 
 def with_checkpoints(value, ckpt):
@@ -83,7 +86,7 @@ def start_engine(ckpt, args):
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(**with_checkpoints(LAUNCH["kwargs"], ckpt))
+    llm = LLM(**with_checkpoints(launch_kwargs(args), ckpt))
     eos = EOS_TOKEN_ID
 
     def generate(sampling, seeds, prompts=None):
