@@ -421,6 +421,14 @@ class Group:
     # Signatures of the groups that are likely the same bug met under another speculation
     # method or verification mode (:func:`likely_same_key`); filled in by :func:`group_reports`.
     related: list[str] = field(default_factory=list)
+    # Signatures of the other groups whose entries name the same upstream issue (``extra.upstream``,
+    # set when a finding's cause was traced to a reported bug); filled in by :func:`group_reports`.
+    same_upstream: list[str] = field(default_factory=list)
+
+    @property
+    def upstream(self) -> str | None:
+        """The upstream issue its entries name (the newest entry's first), or None."""
+        return next((u for u in (upstream_of(r.entry) for r in self.reports) if u), None)
 
     @property
     def status(self) -> str:
@@ -455,6 +463,8 @@ class Group:
             "last_seen": self.last_seen,
             "entries": [r.to_json() for r in self.reports],
             "related": list(self.related),
+            "upstream": self.upstream,
+            "same_upstream": list(self.same_upstream),
         }
 
 
@@ -510,6 +520,12 @@ def likely_same_key(entry: Entry) -> tuple | None:
             entry.label or "unknown")
 
 
+def upstream_of(entry: Entry) -> str | None:
+    """The upstream issue an entry's cause was traced to (``extra.upstream``), or None."""
+    u = entry.extra.get("upstream")
+    return u.strip() if isinstance(u, str) and u.strip() else None
+
+
 def group_reports(reports: Iterable[EntryReport]) -> list[Group]:
     """Groups by signature; the most recently seen group first, entries newest first. Each
     group lists the others that are likely the same bug under another method or verification mode (``related``)."""
@@ -528,6 +544,15 @@ def group_reports(reports: Iterable[EntryReport]) -> list[Group]:
             continue
         for g in gs:
             g.related = sorted({o.signature for o in gs if o is not g} | set(g.related))
+    # Groups whose entries were traced to one upstream issue are one known bug, whatever their
+    # kind, method or features (corpus/: vllm#55005 behind findings and crashes of four methods).
+    by_upstream: dict[str, list[Group]] = {}
+    for g in groups.values():
+        if g.upstream:
+            by_upstream.setdefault(g.upstream, []).append(g)
+    for gs in by_upstream.values():
+        for g in gs:
+            g.same_upstream = sorted(o.signature for o in gs if o is not g)
     out = sorted(groups.values(), key=lambda g: (g.last_seen, g.signature), reverse=True)
     return sorted(out, key=lambda g: STATUS_PRECEDENCE.index(g.status))  # stable: newest first per status
 

@@ -87,6 +87,16 @@ def render_triage(report, console: Console) -> None:
         console.print(f"likely one bug ({_engine_cell(head)}; {feats}; class {g.reports[0].cls}), under "
                       + "; ".join(f"{_method_cell(o.reports[0].entry.case)}: {o.signature}" for o in cluster),
                       highlight=False, soft_wrap=True)
+    # Groups whose causes were traced to one upstream issue (extra.upstream).
+    shown = set()
+    for g in report.groups:
+        if not g.same_upstream or g.signature in shown:
+            continue
+        cluster = [g] + [o for o in report.groups if o.signature in g.same_upstream]
+        shown.update(o.signature for o in cluster)
+        console.print(f"one upstream bug, {g.upstream}, under "
+                      + "; ".join(f"{o.reports[0].entry.kind} {_method_cell(o.reports[0].entry.case)}: {o.signature}"
+                                  for o in cluster), highlight=False, soft_wrap=True)
     for s in report.skipped:
         console.print(f"[yellow]skipped[/yellow] {s.path}: {s.reason}", highlight=False, soft_wrap=True)
     conds = [r for r in report.reports if r.condition.source == "heuristic"]

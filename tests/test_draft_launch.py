@@ -237,7 +237,7 @@ def test_the_h200_vllm_drafts_of_issue_15_start_model_runner_v1_as_the_adapter_d
     assert kw["logprobs_mode"] == "raw_logits" and kw["enforce_eager"] is True and "speculative_config" not in kw
     assert kw["attention_config"] == {"backend": "TRITON_ATTN"} and kw["model"] == "{target}"
     src = render_repro(data, 100, "t")
-    assert "'VLLM_USE_V2_MODEL_RUNNER': '0'" in src and "LLM(**with_checkpoints(LAUNCH[\"kwargs\"], ckpt))" in src
+    assert "'VLLM_USE_V2_MODEL_RUNNER': '0'" in src and "LLM(**with_checkpoints(launch_kwargs(args), ckpt))" in src
 
 
 def test_reconstruction_follows_the_model_runner_rule_and_the_platform():

@@ -335,3 +335,48 @@ def test_findings_likely_one_bug_under_several_methods_are_related_in_json_and_c
     out = " ".join(CliRunner().invoke(triage_cmd, [str(root)], terminal_width=300).output.split())
     assert "likely one bug (sglang 0.5.17;" in out and sig["finding-draft.json"] in out.split("likely one bug")[1]
     assert sig["finding-minp.json"] not in out.split("likely one bug")[1]
+
+
+def test_entries_traced_to_one_upstream_issue_are_one_known_bug_in_json_and_console(tmp_path):
+    """Entries whose ``extra.upstream`` names the same issue list each other as ``same_upstream``
+    (whatever their method or sampling features), carry the URL in ``--json`` and share one
+    console line; an entry naming another issue, or none, is not in it."""
+    root = tmp_path / "corpus"
+    eng = {"name": "vllm", "version": "0.32.0", "device": "cpu"}
+    url, other_url = "https://github.com/vllm-project/vllm/issues/55005", "https://github.com/x/y/issues/1"
+    base = _finding_from("N5", engine=eng)
+    ngram = copy.deepcopy(base)
+    ngram["case"]["spec"].update(method="ngram", ngram_min=1, ngram_max=2)
+    ngram["case"].pop("draft_table", None)
+    minp = copy.deepcopy(ngram)  # other sampling features: not "likely one bug", but the same upstream issue
+    minp["case"]["params"]["min_p"] = 0.2
+    minp["attribution"] = None
+    plain, elsewhere = copy.deepcopy(minp), copy.deepcopy(minp)
+    plain["case"]["params"]["top_k"] = 2
+    elsewhere["case"]["params"]["presence_penalty"] = 0.5
+    base["extra"] = {"upstream": url}
+    minp["extra"] = {"upstream": f" {url} "}
+    elsewhere["extra"] = {"upstream": other_url}
+    names = {"finding-draft.json": base, "finding-ngram.json": ngram, "finding-minp.json": minp,
+             "finding-plain.json": plain, "finding-elsewhere.json": elsewhere}
+    for name, d in names.items():
+        d.pop("signature", None)
+        _write(root / name, d)
+    report = triage(root)
+    sig = {r.rel: r.entry.signature for r in report.reports}
+    assert len(set(sig.values())) == 5
+    same = {g.signature: g.same_upstream for g in report.groups}
+    assert same[sig["finding-draft.json"]] == [sig["finding-minp.json"]]
+    assert same[sig["finding-minp.json"]] == [sig["finding-draft.json"]]
+    assert same[sig["finding-ngram.json"]] == same[sig["finding-plain.json"]] == same[sig["finding-elsewhere.json"]] == []
+    result = CliRunner().invoke(triage_cmd, [str(root), "--json"])
+    data = json.loads(result.output)
+    jsonschema.validate(data, SCHEMA, cls=jsonschema.Draft202012Validator)
+    by_sig = {g["signature"]: g for g in data["groups"]}
+    assert by_sig[sig["finding-minp.json"]]["upstream"] == url and by_sig[sig["finding-plain.json"]]["upstream"] is None
+    assert by_sig[sig["finding-elsewhere.json"]]["upstream"] == other_url
+    assert {s: g["same_upstream"] for s, g in by_sig.items()} == same
+    out = " ".join(CliRunner().invoke(triage_cmd, [str(root)], terminal_width=300).output.split())
+    line = out.split(f"one upstream bug, {url}, under")[1]
+    assert sig["finding-draft.json"] in line and sig["finding-minp.json"] in line
+    assert sig["finding-plain.json"] not in line and "one upstream bug, " + other_url not in out
