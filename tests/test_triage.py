@@ -305,6 +305,16 @@ def test_rerun_confirms_injected_regressions_and_fixes_or_flags_the_rest(tmp_pat
     assert entries["finding-seed-dependent.json"]["rerun"]["status_after"] == "flaky"
 
 
+def _triaged(root: Path, findings: dict[str, dict]) -> tuple:
+    """Write the findings (name -> entry data, signature recomputed) into ``root`` and triage it:
+    (report, name -> signature)."""
+    for name, d in findings.items():
+        d.pop("signature", None)
+        _write(root / name, d)
+    report = triage(root)
+    return report, {r.rel: r.entry.signature for r in report.reports}
+
+
 def test_findings_likely_one_bug_under_several_methods_are_related_in_json_and_console(tmp_path):
     """Findings of one engine version with the same sampling features and class, met under two
     methods (two signatures), list each other as ``related``; another feature set does not."""
@@ -318,11 +328,7 @@ def test_findings_likely_one_bug_under_several_methods_are_related_in_json_and_c
     other = copy.deepcopy(ngram)  # unattributed, with min_p: its own signature, another key
     other["case"]["params"]["min_p"] = 0.2
     other["attribution"] = None
-    for name, d in (("finding-draft.json", base), ("finding-ngram.json", ngram), ("finding-minp.json", other)):
-        d.pop("signature", None)
-        _write(root / name, d)
-    report = triage(root)
-    sig = {r.rel: r.entry.signature for r in report.reports}
+    report, sig = _triaged(root, {"finding-draft.json": base, "finding-ngram.json": ngram, "finding-minp.json": other})
     assert len(set(sig.values())) == 3
     rel = {g.signature: g.related for g in report.groups}
     assert rel[sig["finding-draft.json"]] == [sig["finding-ngram.json"]]
@@ -357,13 +363,8 @@ def test_entries_traced_to_one_upstream_issue_are_one_known_bug_in_json_and_cons
     base["extra"] = {"upstream": url}
     minp["extra"] = {"upstream": f" {url} "}
     elsewhere["extra"] = {"upstream": other_url}
-    names = {"finding-draft.json": base, "finding-ngram.json": ngram, "finding-minp.json": minp,
-             "finding-plain.json": plain, "finding-elsewhere.json": elsewhere}
-    for name, d in names.items():
-        d.pop("signature", None)
-        _write(root / name, d)
-    report = triage(root)
-    sig = {r.rel: r.entry.signature for r in report.reports}
+    report, sig = _triaged(root, {"finding-draft.json": base, "finding-ngram.json": ngram, "finding-minp.json": minp,
+                                  "finding-plain.json": plain, "finding-elsewhere.json": elsewhere})
     assert len(set(sig.values())) == 5
     same = {g.signature: g.same_upstream for g in report.groups}
     assert same[sig["finding-draft.json"]] == [sig["finding-minp.json"]]
