@@ -526,6 +526,20 @@ def upstream_of(entry: Entry) -> str | None:
     return u.strip() if isinstance(u, str) and u.strip() else None
 
 
+def _peers(groups: Iterable[Group], keys_of) -> dict[str, list[str]]:
+    """For each group that shares a key with another (``keys_of(group)``: a set of keys), the
+    sorted signatures of the groups it shares one with."""
+    by_key: dict = {}
+    for g in groups:
+        for k in keys_of(g):
+            by_key.setdefault(k, []).append(g)
+    peers: dict[str, set[str]] = {}
+    for gs in by_key.values():
+        for g in gs:
+            peers.setdefault(g.signature, set()).update(o.signature for o in gs if o is not g)
+    return {sig: sorted(p) for sig, p in peers.items()}
+
+
 def group_reports(reports: Iterable[EntryReport]) -> list[Group]:
     """Groups by signature; the most recently seen group first, entries newest first. Each
     group lists the others that are likely the same bug under another method or verification mode (``related``)."""
@@ -534,25 +548,13 @@ def group_reports(reports: Iterable[EntryReport]) -> list[Group]:
         groups.setdefault(r.entry.signature, Group(r.entry.signature)).reports.append(r)
     for g in groups.values():
         g.reports.sort(key=lambda r: (r.entry.last_seen, r.rel), reverse=True)
-    by_key: dict[tuple, list[Group]] = {}
-    for g in groups.values():
-        keys = {likely_same_key(r.entry) for r in g.reports} - {None}
-        for k in keys:
-            by_key.setdefault(k, []).append(g)
-    for gs in by_key.values():
-        if len(gs) < 2:  # one signature: nothing to relate (its files are already grouped)
-            continue
-        for g in gs:
-            g.related = sorted({o.signature for o in gs if o is not g} | set(g.related))
+    related = _peers(groups.values(), lambda g: {likely_same_key(r.entry) for r in g.reports} - {None})
     # Groups whose entries were traced to one upstream issue are one known bug, whatever their
     # kind, method or features (corpus/: vllm#55005 behind findings and crashes of four methods).
-    by_upstream: dict[str, list[Group]] = {}
+    same_upstream = _peers(groups.values(), lambda g: {g.upstream} - {None})
     for g in groups.values():
-        if g.upstream:
-            by_upstream.setdefault(g.upstream, []).append(g)
-    for gs in by_upstream.values():
-        for g in gs:
-            g.same_upstream = sorted(o.signature for o in gs if o is not g)
+        g.related = related.get(g.signature, [])
+        g.same_upstream = same_upstream.get(g.signature, [])
     out = sorted(groups.values(), key=lambda g: (g.last_seen, g.signature), reverse=True)
     return sorted(out, key=lambda g: STATUS_PRECEDENCE.index(g.status))  # stable: newest first per status
 

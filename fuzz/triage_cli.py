@@ -76,25 +76,15 @@ def render_triage(report, console: Console) -> None:
             t.add_row(*row)
     console.print(t)
     # Groups that are likely one bug met under several methods (fuzz.triage.likely_same_key).
-    shown: set[str] = set()
-    for g in report.groups:
-        if not g.related or g.signature in shown:
-            continue
-        cluster = [g] + [o for o in report.groups if o.signature in g.related]
-        shown.update(o.signature for o in cluster)
-        head = g.reports[0].entry
+    for cluster in _clusters(report.groups, lambda g: g.related):
+        head = cluster[0].reports[0].entry
         feats = ", ".join(active_features(head.case)) or "no sampling feature"
-        console.print(f"likely one bug ({_engine_cell(head)}; {feats}; class {g.reports[0].cls}), under "
+        console.print(f"likely one bug ({_engine_cell(head)}; {feats}; class {cluster[0].reports[0].cls}), under "
                       + "; ".join(f"{_method_cell(o.reports[0].entry.case)}: {o.signature}" for o in cluster),
                       highlight=False, soft_wrap=True)
     # Groups whose causes were traced to one upstream issue (extra.upstream).
-    shown = set()
-    for g in report.groups:
-        if not g.same_upstream or g.signature in shown:
-            continue
-        cluster = [g] + [o for o in report.groups if o.signature in g.same_upstream]
-        shown.update(o.signature for o in cluster)
-        console.print(f"one upstream bug, {g.upstream}, under "
+    for cluster in _clusters(report.groups, lambda g: g.same_upstream):
+        console.print(f"one upstream bug, {cluster[0].upstream}, under "
                       + "; ".join(f"{o.reports[0].entry.kind} {_method_cell(o.reports[0].entry.case)}: {o.signature}"
                                   for o in cluster), highlight=False, soft_wrap=True)
     for s in report.skipped:
@@ -103,6 +93,19 @@ def render_triage(report, console: Console) -> None:
     if conds:
         console.print("[dim]conditions marked (heuristic) are guesses from the case and the counts, "
                       "not an attribution to a catalogued class[/dim]")
+
+
+def _clusters(groups, peers_of):
+    """Each cluster once, in the report's order: a group with peers (``peers_of(group)``:
+    signatures) and those peers."""
+    shown: set[str] = set()
+    for g in groups:
+        peers = peers_of(g)
+        if not peers or g.signature in shown:
+            continue
+        cluster = [g] + [o for o in groups if o.signature in peers]
+        shown.update(o.signature for o in cluster)
+        yield cluster
 
 
 def _console() -> Console:
