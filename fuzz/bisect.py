@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from specfuzz.errors import InvalidInput
-from specfuzz.fuzz.corpus import Entry, atomic_write_json, now_iso
+from specfuzz.fuzz.corpus import EXC_LINE, GENERIC_ERRORS, Entry, atomic_write_json, now_iso
 from specfuzz.fuzz.release_envs import (
     ENGINE_PACKAGES, EnvResult, Release, ReleaseEnvs, list_releases, package_for_entry, parse_range, range_bounds,
 )
@@ -209,16 +209,13 @@ def _next_mids(lo: int, hi: int, mid: int) -> list[int]:
 # ----------------------------------------------------------------------------- crashes
 
 
-_EXC = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure))\s*:\s*(.*)")
-
-
 def crash_fingerprint(text: str) -> str:
     """What makes two crashes the same across releases: the exception type and the start of
     its message, numbers stripped (``index 885600070 is out of bounds`` = ``index 195092853
     ...``); for crashes without an exception (a signal, a timeout) the words of the detail."""
     text = " ".join(str(text).split())
     m = None
-    for m in _EXC.finditer(text):
+    for m in EXC_LINE.finditer(text):
         pass
     core = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}" if m else re.sub(r"^engine \w+: ", "", text)
     return _numbers_out(core)[:80]
@@ -231,7 +228,7 @@ def _numbers_out(text: str) -> str:
 def _message(text: str) -> str:
     """The message of the last exception in ``text`` (numbers stripped), without its type."""
     m = None
-    for m in _EXC.finditer(" ".join(str(text).split())):
+    for m in EXC_LINE.finditer(" ".join(str(text).split())):
         pass
     return _numbers_out(m.group(2) if m else re.sub(r"^engine \w+: ", "", str(text)))
 
@@ -313,10 +310,6 @@ def probe_release(entry: Entry, package: str, release: Release, env: EnvResult, 
                  tuple(r.to_json() for r in runs), env_json)
 
 
-# Exceptions that only say another process failed: the root cause is an earlier line.
-_GENERIC = ("EngineDeadError", "Engine core initialization failed", "EngineCore encountered")
-
-
 def _root_cause(rr: ReleaseRerunner) -> str:
     """The last specific exception in the crashed engine's log (vLLM's engine core dies in a
     child process; the caller only hears "initialization failed")."""
@@ -325,7 +318,7 @@ def _root_cause(rr: ReleaseRerunner) -> str:
             lines = eng.log_tail().splitlines() if eng.log_path else []
         except OSError:
             continue
-        found = [m.group(0) for line in lines for m in [_EXC.search(line)] if m and not any(g in m.group(0) for g in _GENERIC)]
+        found = [m.group(0) for line in lines for m in [EXC_LINE.search(line)] if m and not any(g in m.group(0) for g in GENERIC_ERRORS)]
         if found:
             return _clip(found[-1], 240)
     return ""

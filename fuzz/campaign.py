@@ -58,7 +58,7 @@ from specfuzz.engines.base import EngineConfig
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
 from specfuzz.fuzz.corpus import (
-    Corpus, Entry, active_features, atomic_write_json, calibration_key, mark_seen_again, reduced_to_features,
+    Corpus, Entry, active_features, atomic_write_json, calibration_key, crash_cause, mark_seen_again, reduced_to_features,
 )
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.exampledb import FailuresOnly
@@ -218,13 +218,27 @@ def simplest_family(strategy):
 
 
 def crash_key(crash: EngineCrash) -> str:
-    """What makes two crashes "the same" while shrinking: kind and message, numbers stripped."""
-    return _crash_key_of(crash.kind, f"engine {crash.kind}: {crash.detail}")
+    """What makes two crashes "the same" (while shrinking, and a stored crash met again): kind
+    and message, numbers stripped, and where the engine process died without naming why, the
+    exception its log names (:func:`~specfuzz.fuzz.corpus.crash_cause`)."""
+    return _crash_key_of(crash.kind, f"engine {crash.kind}: {crash.detail}", crash.log_tail)
 
 
-def _crash_key_of(kind: object, evidence: str) -> str:
+def entry_crash_key(entry: Entry) -> str:
+    """:func:`crash_key` of a stored crash entry (its evidence and log tail)."""
+    return _crash_key_of(entry.extra.get("crash_kind"), entry.evidence, entry.log)
+
+
+def _crash_key_of(kind: object, evidence: str, log: str | None = None) -> str:
     detail = evidence.split(": ", 1)[1] if evidence.startswith("engine ") and ": " in evidence else evidence
-    return f"{kind}:{re.sub(r'-?[0-9]+', '#', detail)[:160]}"
+    key = f"{kind}:{re.sub(r'-?[0-9]+', '#', detail)[:160]}"
+    cause = crash_cause(kind, evidence, log)
+    return f"{key} <- {cause}" if cause else key
+
+
+# A search whose families meet one stored crash this many times in a row ends there (its start
+# shape crashes the engine whatever the requests; each crash cost an engine start).
+KNOWN_CRASHES_END_SEARCH = 2
 
 
 class SearchSliceOver(BaseException):
@@ -477,7 +491,7 @@ class Campaign:
         # shrinking something else, or by a version without crash shrinking) is shrunk
         # when a search meets it again.
         self.known_crashes: set[str] = {
-            _crash_key_of(e.extra.get("crash_kind"), e.evidence)
+            entry_crash_key(e)
             for _, e in self.corpus.entries() if isinstance(e, Entry) and e.kind == "crash" and e.extra.get("shrunk") is True
         }
         # The stored entry of each crash (kind and message, numbers aside; a shrunk one
@@ -498,7 +512,7 @@ class Campaign:
         self.crash_entries: dict[str, Path] = {}
         for path, e in sorted(self.corpus.entries(), key=lambda pe: isinstance(pe[1], Entry) and pe[1].extra.get("shrunk") is True):
             if isinstance(e, Entry) and e.kind == "crash":
-                self.crash_entries[_crash_key_of(e.extra.get("crash_kind"), e.evidence)] = path
+                self.crash_entries[entry_crash_key(e)] = path
 
     # -- state ---------------------------------------------------------------------
 
@@ -1350,6 +1364,7 @@ class Campaign:
         # engine process.
         crash_first: list[str] = []
         crash_best: list[tuple[list[Case], EngineCrash]] = []
+        known_in_row: list[str] = []  # the stored crashes the search's last families met, in a row
         speculation = not self.cfg.calibration_only
         counter = [search_seed * 1_000_003]
 
@@ -1444,6 +1459,19 @@ class Campaign:
                 if not same and (label_of_first or crash_first or self._crash_known(cases[0], crash, cases)):
                     # found while shrinking something else, or a known crash: stored as found
                     self._record_crash(cases[0], crash, list(cases))
+                    if not label_of_first and not crash_first:
+                        known_in_row.append(key)
+                        if len(known_in_row) >= KNOWN_CRASHES_END_SEARCH and len(set(known_in_row)) == 1:
+                            # The search's start shape kills the engine whatever the requests (its
+                            # families meet one stored crash in a row, each after an engine start):
+                            # on to the next search. SGLang 0.5.17 on an H100, 2026-12-05: tree
+                            # drafting with fewer draft tokens than steps + 1 (crash-a2f0) crashed
+                            # three families of one search in a row, 213 of a worker's 1038 s.
+                            self._log_event({"event": "search ended by a stored crash", "crashes": len(known_in_row),
+                                             "crash": key, "entry": str(self.crash_entries.get(key, ""))})
+                            self.on_event(f"search ended: its families crashed the engine {len(known_in_row)} times in a row "
+                                          "with a stored crash", self.stats)
+                            raise SearchSliceOver
                 else:
                     if not crash_first:
                         crash_first.append(key)
@@ -1454,6 +1482,8 @@ class Campaign:
                     crash_best.append((list(cases), crash))
                     # One raise site: Hypothesis tells failures apart by where they are raised.
                     raise PatternFailed("crash")
+            if crash is None:
+                known_in_row.clear()
             if crash_first:
                 return  # shrinking a crash: only the same crash counts
             best = max((r.judgement.verdict.log_e for r in runs if r.judgement is not None), default=0.0)
@@ -1783,7 +1813,7 @@ class Campaign:
         if entry.signature not in self.known:
             if entry.kind == "crash":
                 self._store_entry(entry, ", met by an earlier run that ended while shrinking it")
-                key = _crash_key_of(entry.extra.get("crash_kind"), entry.evidence)
+                key = entry_crash_key(entry)
                 stored = self.corpus.path_for(entry)
                 self.crash_entries.setdefault(key, stored)  # met again: seen again, or shrunk then
             else:

@@ -14,6 +14,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,16 +93,49 @@ def _draft_relation(case_json: Mapping) -> str | None:
     return "narrower" if vd < v else ("wider" if vd > v else "equal")
 
 
-def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None, crash_kind: str | None = None) -> str:
+# An exception line of a log: type, then its message.
+EXC_LINE = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure))\s*:\s*(.*)")
+# Exceptions that only say another process failed: the root cause is an earlier line.
+GENERIC_ERRORS = ("EngineDeadError", "Engine core initialization failed", "EngineCore encountered")
+# Crash kinds whose detail is only how the engine process ended (killed by a signal, exited,
+# no answer): what broke is in the engine's log, if anywhere.
+_DEATH_KINDS = ("signal", "exit", "timeout")
+
+
+def numbers_out(text: str) -> str:
+    """``text`` on one line with every (signed) number replaced by ``#``."""
+    return re.sub(r"-?[0-9]+", "#", " ".join(str(text).split()))
+
+
+def crash_cause(kind: object, evidence: str, log: str | None) -> str:
+    """The engine's own exception behind a crash whose evidence does not name one: the last
+    specific exception line of the engine's log tail, numbers stripped ("" when the evidence
+    names its exception, or the log holds none). SGLang's scheduler dies in a child process
+    and the engine process is then killed, so every SGLang crash reaches the caller as
+    "engine process killed by SIGKILL during generate" whatever broke; vLLM's engine core
+    dies the same way behind an ``EngineDeadError``."""
+    if kind not in _DEATH_KINDS and not any(g in str(evidence) for g in GENERIC_ERRORS):
+        return ""
+    found = [m.group(0) for line in str(log or "").splitlines() for m in [EXC_LINE.search(line)]
+             if m and not any(g in m.group(0) for g in GENERIC_ERRORS)]
+    return numbers_out(found[-1])[:160] if found else ""
+
+
+def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None, crash_kind: str | None = None,
+              crash_cause: str | None = None) -> str:
     """The fingerprint of a bug: re-finding the same bug maps to the same entry.
 
     Engine, kind, speculation method and verification mode, and the attributed class;
     for unattributed findings also the sampling features in play and the draft's width
     relation to the target (different unknown bugs rarely share all of these); for
-    crashes the kind of crash.
+    crashes the kind of crash and, where the engine process died and its log names the
+    exception (``extra.crash_cause``, recorded since 2026-12-05; older entries keep their
+    signatures), that exception.
     """
     spec = case_json.get("spec") or {}
     feats: list = [kind, engine_name, spec.get("method"), spec.get("verify"), label, crash_kind]
+    if crash_cause:
+        feats.append(crash_cause)
     if kind == "swap":
         # Stale weights after an in-place swap: one entry per engine and speculation method
         # (the request that happened to follow the swap says nothing about the bug).
@@ -193,7 +227,8 @@ class Entry:
 
     @property
     def signature(self) -> str:
-        return signature(self.kind, str(self.engine.get("name")), self.case, self.label, self.extra.get("crash_kind"))
+        return signature(self.kind, str(self.engine.get("name")), self.case, self.label, self.extra.get("crash_kind"),
+                         self.extra.get("crash_cause"))
 
     def to_json(self) -> dict:
         return {

@@ -22,7 +22,6 @@ CI decisions made from that:
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,13 +43,15 @@ class Seen:
 
 
 def crash_identity(entry: Entry) -> str | None:
-    """What makes two crash entries the same bug: crash kind and message, numbers aside
-    (the rule the campaign shrinks crashes by); None for other kinds."""
+    """What makes two crash entries the same bug: the engine and the campaign's crash key
+    (crash kind and message, numbers aside, and the exception the engine's log names where the
+    process died without naming one: :func:`specfuzz.fuzz.campaign.entry_crash_key`, the rule
+    the campaign shrinks crashes by); None for other kinds."""
+    from specfuzz.fuzz.campaign import entry_crash_key
+
     if entry.kind != "crash":
         return None
-    ev = entry.evidence
-    detail = ev.split(": ", 1)[1] if ev.startswith("engine ") and ": " in ev else ev
-    return f"{entry.engine.get('name')}:{entry.extra.get('crash_kind')}:{re.sub(r'[0-9]+', '#', detail)[:160]}"
+    return f"{entry.engine.get('name')}:{entry_crash_key(entry)}"
 
 
 @dataclass(frozen=True)

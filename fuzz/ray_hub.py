@@ -61,11 +61,11 @@ def add_totals(dst: dict, src: dict) -> dict:
 
 def crash_signature_key(entry: Entry) -> str | None:
     """The shrink key of a stored shrunk crash (what Campaign.known_crashes holds)."""
-    from specfuzz.fuzz.campaign import _crash_key_of
+    from specfuzz.fuzz.campaign import entry_crash_key
 
     if entry.kind != "crash" or entry.extra.get("shrunk") is not True:
         return None
-    return _crash_key_of(entry.extra.get("crash_kind"), entry.evidence)
+    return entry_crash_key(entry)
 
 
 class CampaignHub:

@@ -23,7 +23,7 @@ from specfuzz.case import Case
 from specfuzz.engines.base import EngineConfig, Request
 from specfuzz.engines.checkpoints import materialize
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
-from specfuzz.fuzz.corpus import Entry
+from specfuzz.fuzz.corpus import Entry, crash_cause
 from specfuzz.oracle.judge import CaseTest, Judgement, target_law_dict
 
 
@@ -307,6 +307,9 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
     except EngineCrash:
         version = {"name": engine_name}
     extra: dict = {"crash_kind": crash.kind, "dtype": dtype, "engine_default": _engine_default(case)}
+    cause = crash_cause(crash.kind, f"engine {crash.kind}: {crash.detail}", crash.log_tail)
+    if cause:  # what broke, where the evidence says only that the engine process died
+        extra["crash_cause"] = cause
     if settings:
         extra["engine_settings"] = dict(settings)
     launch = launch if launch is not None else _LAST_LAUNCH.get(engine)

@@ -34,7 +34,7 @@ import numpy as np
 
 from specfuzz.case import Case
 from specfuzz.errors import AmbiguousSemantics, InvalidInput, SpecfuzzError
-from specfuzz.fuzz.campaign import _crash_key_of, crash_key, family_key
+from specfuzz.fuzz.campaign import crash_key, entry_crash_key, family_key
 from specfuzz.oracle.params import SamplingParams
 
 # Sampling fields that hold target token ids (remapped when a token is dropped).
@@ -400,7 +400,7 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     profile = engine.capabilities().profile
     # Candidates run as the entry was run: its split of generate calls, a crash's batch.
     calls = entry_replay_calls(entry)
-    want_crash = _crash_key_of(entry.extra.get("crash_kind"), entry.evidence) if entry.kind == "crash" else None
+    want_crash = entry_crash_key(entry) if entry.kind == "crash" else None
     label = entry.label
     counter = [seed]
     # What the attempts that did not reproduce saw instead (reproduces.misses, newest last):

@@ -422,3 +422,18 @@ class MinPRefusingEngine(ReferenceEngine):
             if req.params.min_p:
                 raise InvalidInput("min_p", req.params.min_p, "0 on this engine")
         return super().generate(requests)
+
+
+class ShapeCrashEngine(ReferenceEngine):
+    """Dies (SIGSEGV) at the first generate of an engine started with K >= 2 speculative
+    tokens, whatever the requests: a start shape that kills the engine, as SGLang 0.5.17's
+    tree drafting with fewer draft tokens than steps + 1 does (corpus crash-a2f0)."""
+
+    name = "shape-crash"
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        spec = self._config.speculation if self._config is not None else None
+        if spec is not None and spec.num_speculative_tokens >= 2:
+            print("shape crash engine: crashing", flush=True)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().generate(requests)

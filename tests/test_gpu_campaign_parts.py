@@ -334,3 +334,82 @@ def test_short_and_long_prompts_both_appear_within_a_shape():
 
     draw()
     assert min(lengths) <= 2 and max(lengths) >= 20
+
+
+def _sglang_death(error: str) -> EngineCrash:
+    """A crash as the SGLang adapter sees it: the scheduler raised in its own process, the
+    engine process was killed, and only the engine's log says what broke."""
+    log = ("[2026-12-05 18:36:54] Scheduler hit an exception: Traceback (most recent call last):\n"
+           '  File "/tmp/site/sglang/srt/managers/scheduler.py", line 4947, in run_scheduler_process\n'
+           f"{error}\n\n[2026-12-05 18:36:54] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n")
+    return EngineCrash("signal", "engine process killed by SIGKILL during generate", log)
+
+
+def test_an_engine_death_is_told_apart_by_the_exception_its_log_names(tmp_path):
+    """Every SGLang crash reaches the caller as "engine process killed by SIGKILL during
+    generate": keyed by that alone, any new SGLang crash was taken for the stored
+    crash-a2f0 met again and never stored. The crash key and a new entry's signature hold the
+    exception the engine's log names; a stored entry without it keeps its signature and is
+    still met again on the same exception (numbers aside)."""
+    from specfuzz.fuzz.campaign import crash_key, entry_crash_key
+    from specfuzz.fuzz.corpus import Corpus
+
+    src = REPO / "corpus" / "h200" / "sglang" / "crash-a2f0ecd4a445eb51.json"
+    stored = Entry.from_json(json.loads(src.read_text()))
+    assert stored.signature == json.loads(src.read_text())["signature"] and "crash_cause" not in stored.extra
+    same = _sglang_death("RuntimeError: The expanded size of the tensor (2) must match the existing size (4) at "
+                         "non-singleton dimension 1.  Target sizes: [22, 2].  Tensor sizes: [22, 4]")
+    other = _sglang_death("RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert crash_key(same) == entry_crash_key(stored) != crash_key(other)
+    bare = EngineCrash("signal", "engine process killed by SIGKILL during generate", "no exception here\n")
+    assert crash_key(bare) == "signal:engine process killed by SIGKILL during generate"
+    # A crash whose evidence names its exception keeps its key: the log adds nothing.
+    named = EngineCrash("exception", "generate raised RuntimeError: index 5 is out of bounds", other.log_tail)
+    assert crash_key(named) == "exception:generate raised RuntimeError: index # is out of bounds"
+
+    corpus = Corpus(tmp_path / "c")
+    corpus.store(stored)
+    cfg = CampaignConfig(engine="reference", budget_s=5, corpus_dir=tmp_path / "c", methods=("ngram",), work_dir=tmp_path / "wd")
+    camp = Campaign(cfg)
+    try:
+        case = Case.from_json(stored.case)
+        camp._record_crash(case, same)  # the stored crash met again: seen again, nothing new
+        assert camp.stats.stored == [] and json.loads((tmp_path / "c" / src.name).read_text())["times_seen"] == stored.times_seen + 1
+        camp._record_crash(case, other)  # another SGLang crash under the same method: a new entry
+        assert len(camp.stats.stored) == 1
+        new = Entry.from_json(json.loads((tmp_path / "c" / camp.stats.stored[0]).read_text()))
+        assert new.extra["crash_cause"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+        assert new.signature != stored.signature
+    finally:
+        camp.engine.close()
+
+
+def test_a_search_whose_shape_meets_a_stored_crash_twice_in_a_row_ends(tmp_path):
+    """A start shape that kills the engine whatever the requests cost an engine start per
+    family until the search's slice ran out (SGLang on an H100: three families of one search,
+    213 of a worker's 1038 s, each meeting the stored crash-a2f0): after the second stored
+    crash in a row the search ends, and the campaign goes on with the next shape."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from specfuzz.fuzz.corpus import Corpus
+
+    T = np.zeros((2, 2), np.float32)
+    stored = crash_entry(type("Eng", (), {"version": lambda self: {"name": "shape-crash"}})(),
+                         Case(T, (0,), SP(max_tokens=2), spec=SpecConfig("ngram", 2)),
+                         EngineCrash("signal", "engine process killed by SIGSEGV during generate"), "shape-crash")
+    stored.extra["shrunk"] = True
+    Corpus(tmp_path / "c").store(stored)
+    cfg = CampaignConfig(engine="example_engines:ShapeCrashEngine", budget_s=45, corpus_dir=tmp_path / "c",
+                         methods=("ngram",), work_dir=tmp_path / "wd", max_samples=100, max_patterns=2, seed=3)
+    Campaign(cfg).run()
+    events = [json.loads(line) for line in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+    ended = [e for e in events if e["event"] == "search ended by a stored crash"]
+    assert ended and all(e["crashes"] == 2 and e["entry"].endswith(f"crash-{stored.signature}.json") for e in ended)
+    fams = [json.loads(line) for line in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    by_search: dict = {}
+    for f in fams:
+        by_search.setdefault(f["search"], []).append(f["crash"])
+    assert all(crashed.count(True) <= 2 for crashed in by_search.values())
+    assert any(not any(crashed) for crashed in by_search.values())  # the campaign went on to shapes that run
+    assert sorted(p.name for p in (tmp_path / "c").glob("crash-*.json")) == [f"crash-{stored.signature}.json"]
