@@ -127,6 +127,14 @@ def launch_changes(args):
     return "; CHANGED for this run: " + ", ".join(parts) if parts else ""
 
 
+def launch_line(args, shown):
+    """The engine line's account of the start: as found or with the command line's changes, the
+    launch record's source, what of the launch is ``shown``, then the changes."""
+    changes = launch_changes(args)
+    return (f"{'started with changes' if changes else 'started as found'} "
+            f"({LAUNCH.get('source', 'recorded')} launch): {shown}{changes}")
+
+
 # ---- checkpoints (the construction of specfuzz.tablegen, inline) ---------------------
 RMS_NORM_EPS = 2.0 ** -60  # vanishes against the final norm's mean square of exactly 1.0
 MASKED_LOGIT = -32768.0  # a masked (-inf) logit; exact in every dtype, probability 0

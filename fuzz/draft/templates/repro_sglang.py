@@ -7,7 +7,7 @@
 import os
 
 from specfuzz.fuzz.draft.templates.repro_common import (
-    ENGINE_VERSION, LAUNCH, PROMPT, add_launch_arguments, launch_changes, launch_kwargs,
+    ENGINE_VERSION, LAUNCH, PROMPT, add_launch_arguments, launch_kwargs, launch_line,
 )
 
 # ---- repro.py begins ----
@@ -37,9 +37,7 @@ def describe(args):
     kw = launch_kwargs(args)
     shown = {k: kw[k] for k in ("dtype", "attention_backend", "sampling_backend", "disable_cuda_graph",
                                 "speculative_algorithm") if k in kw}
-    return (f"engine: SGLang {sglang.__version__} (the finding: {ENGINE_VERSION}); "
-            f"{'started with changes' if launch_changes(args) else 'started as found'} "
-            f"({LAUNCH.get('source', 'recorded')} launch): {shown}{launch_changes(args)}")
+    return f"engine: SGLang {sglang.__version__} (the finding: {ENGINE_VERSION}); " + launch_line(args, shown)
 
 
 def with_checkpoints(value, ckpt):

@@ -8,7 +8,7 @@
 import os
 
 from specfuzz.fuzz.draft.templates.repro_common import (
-    ENGINE_VERSION, EOS_TOKEN_ID, LAUNCH, PROMPT, add_launch_arguments, launch_changes, launch_kwargs,
+    ENGINE_VERSION, EOS_TOKEN_ID, LAUNCH, PROMPT, add_launch_arguments, launch_kwargs, launch_line,
 )
 
 # ---- repro.py begins ----
@@ -34,9 +34,7 @@ def describe(args):
     import vllm
 
     env = " ".join(f"{k}={v}" for k, v in sorted(launch_environment().items()))
-    return (f"engine: vLLM {vllm.__version__} (the finding: {ENGINE_VERSION}); "
-            f"{'started with changes' if launch_changes(args) else 'started as found'} "
-            f"({LAUNCH.get('source', 'recorded')} launch): {env}{launch_changes(args)}")
+    return f"engine: vLLM {vllm.__version__} (the finding: {ENGINE_VERSION}); " + launch_line(args, env)
 
 
 def with_checkpoints(value, ckpt):
