@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from specfuzz.errors import InvalidInput
-from specfuzz.fuzz.corpus import EXC_LINE, GENERIC_ERRORS, Entry, atomic_write_json, now_iso
+from specfuzz.fuzz.corpus import EXC_LINE, Entry, atomic_write_json, last_exception, now_iso, numbers_out
 from specfuzz.fuzz.release_envs import (
     ENGINE_PACKAGES, EnvResult, Release, ReleaseEnvs, list_releases, package_for_entry, parse_range, range_bounds,
 )
@@ -218,11 +218,7 @@ def crash_fingerprint(text: str) -> str:
     for m in EXC_LINE.finditer(text):
         pass
     core = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}" if m else re.sub(r"^engine \w+: ", "", text)
-    return _numbers_out(core)[:80]
-
-
-def _numbers_out(text: str) -> str:
-    return re.sub(r"-?\d+", "#", " ".join(str(text).split()))
+    return numbers_out(core)[:80]
 
 
 def _message(text: str) -> str:
@@ -230,7 +226,7 @@ def _message(text: str) -> str:
     m = None
     for m in EXC_LINE.finditer(" ".join(str(text).split())):
         pass
-    return _numbers_out(m.group(2) if m else re.sub(r"^engine \w+: ", "", str(text)))
+    return numbers_out(m.group(2) if m else re.sub(r"^engine \w+: ", "", str(text)))
 
 
 # ----------------------------------------------------------------------------- probing
@@ -315,12 +311,11 @@ def _root_cause(rr: ReleaseRerunner) -> str:
     child process; the caller only hears "initialization failed")."""
     for eng in rr._engines.values():
         try:
-            lines = eng.log_tail().splitlines() if eng.log_path else []
+            found = last_exception(eng.log_tail() if eng.log_path else "")
         except OSError:
             continue
-        found = [m.group(0) for line in lines for m in [EXC_LINE.search(line)] if m and not any(g in m.group(0) for g in GENERIC_ERRORS)]
         if found:
-            return _clip(found[-1], 240)
+            return _clip(found, 240)
     return ""
 
 
@@ -393,7 +388,7 @@ def _same_crash(stored: str, detail: str, log_tail: str) -> bool:
     if crash_fingerprint(detail) == crash_fingerprint(stored):
         return True
     msg = _message(stored)[:60]
-    return len(msg) >= 12 and any(msg in _numbers_out(line) for line in log_tail.splitlines())
+    return len(msg) >= 12 and any(msg in numbers_out(line) for line in log_tail.splitlines())
 
 
 def _probe_crash(entry: Entry, rr: ReleaseRerunner, cfg: BisectConfig, runs: list[RunOutcome]) -> tuple[str, str]:

@@ -116,9 +116,15 @@ def crash_cause(kind: object, evidence: str, log: str | None) -> str:
     dies the same way behind an ``EngineDeadError``."""
     if kind not in _DEATH_KINDS and not any(g in str(evidence) for g in GENERIC_ERRORS):
         return ""
+    return numbers_out(last_exception(log))[:160]
+
+
+def last_exception(log: str | None) -> str:
+    """The last specific exception line of an engine log (type and message, as written; ""
+    when there is none): lines that only say another process failed are passed over."""
     found = [m.group(0) for line in str(log or "").splitlines() for m in [EXC_LINE.search(line)]
              if m and not any(g in m.group(0) for g in GENERIC_ERRORS)]
-    return numbers_out(found[-1])[:160] if found else ""
+    return found[-1] if found else ""
 
 
 def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None, crash_kind: str | None = None,

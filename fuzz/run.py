@@ -306,8 +306,9 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
         version = dict(engine.version())
     except EngineCrash:
         version = {"name": engine_name}
+    evidence = f"engine {crash.kind}: {crash.detail}"
     extra: dict = {"crash_kind": crash.kind, "dtype": dtype, "engine_default": _engine_default(case)}
-    cause = crash_cause(crash.kind, f"engine {crash.kind}: {crash.detail}", crash.log_tail)
+    cause = crash_cause(crash.kind, evidence, crash.log_tail)
     if cause:  # what broke, where the evidence says only that the engine process died
         extra["crash_cause"] = cause
     if settings:
@@ -323,7 +324,7 @@ def crash_entry(engine: IsolatedEngine, case: Case, crash: EngineCrash, engine_n
         extra["batch_patterns"] = [{"prompt": list(c.prompt), "params": c.params.to_json()} for c in family]
     return Entry(
         kind="crash", engine=version, case=case.to_json(),
-        evidence=f"engine {crash.kind}: {crash.detail}", log=crash.log_tail,
+        evidence=evidence, log=crash.log_tail,
         extra=extra,
     )
 
