@@ -231,6 +231,15 @@ class Engine(abc.ABC):
     #     """The running engine's own logits for every row of its target table, against the
     #     table. Called after every swap before any sample is taken: a failed check means a
     #     fresh start, never a finding about speculation."""
+    #
+    # Optional, for engines with state that outlives a request and changes what gets drafted
+    # (the prefix cache; SGLang's n-gram trie, shared by all requests):
+    #
+    # def reset_state(self) -> tuple[str, ...]:
+    #     """Reset that state in the running engine, tables unchanged, and say what was reset
+    #     (() where nothing could be). A campaign calls it before it runs a candidate again on
+    #     the running engine (a stored finding met again), so that the run starts from the
+    #     state the candidate's own run started from (a swap's or a start's)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the engine's resources."""

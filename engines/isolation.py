@@ -726,6 +726,20 @@ class IsolatedEngine:
         finally:
             self.seconds["generate"] += time.monotonic() - t0
 
+    def reset_state(self) -> tuple[str, ...]:
+        """Reset the running engine's state that outlives a request (its ``reset_state``: the
+        prefix cache, SGLang's n-gram trie), tables unchanged; what was reset. () where no
+        engine runs or it has no such step. Its seconds count as swap time."""
+        if self._proc is None or self._config is None:
+            return ()
+        t0 = time.monotonic()
+        try:
+            return tuple(self._call("reset_state", timeout=self.call_timeout_s) or ())
+        except AttributeError:
+            return ()
+        finally:
+            self.seconds["swap"] += time.monotonic() - t0
+
     def version(self) -> dict:
         if self._version is None:
             self._version = dict(self._call("version", timeout=self.start_timeout_s))

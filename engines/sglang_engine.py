@@ -107,6 +107,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
 # Settings the adapter consumes itself (everything else goes to sglang.Engine).
 _OWN_SETTINGS = ("shutdown_timeout_s", "env", "swap")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+# Seconds between reset_state's two flushes (check_tables' flush comes tens of ms after a
+# swap's, which is what cleared the trie's queued inserts there).
+RESET_GAP_S = 0.05
 
 
 def _swap_setting(settings: Mapping[str, Any]) -> frozenset[str]:
@@ -731,6 +734,21 @@ class SGLangEngine(Engine):
         if problems:
             raise SwapUnsupported(f"the draft runner does not hold what the target runner holds: {problems[0]}")
         self._draft_sums = sw.split_checksums(sums)[1]
+
+    def reset_state(self) -> tuple[str, ...]:
+        """Reset the prefix cache and, for NGRAM, the n-gram trie all requests share (the
+        state a swap resets), tables unchanged; what was reset. Two flushes
+        ``RESET_GAP_S`` apart: ``Ngram::reset`` does not wait for the inserts the last verify
+        step queued (sglang_swap's docstring), and the second flush clears those."""
+        if self._engine is None:
+            return ()
+        from specfuzz.engines import sglang_swap as sw
+
+        first = sw.flush(self._engine)
+        time.sleep(RESET_GAP_S)
+        if not (sw.flush(self._engine) and first):
+            return ()
+        return ("prefix cache", "ngram trie") if self._algorithm == "NGRAM" else ("prefix cache",)
 
     def check_tables(self, *, tolerance: float | None = None) -> TableCheck:
         """SGLang's own log-probabilities for every row of the running target table, against

@@ -661,6 +661,12 @@ class VLLMEngine(Engine):
         return SwapReport(seconds=time.perf_counter() - t0, parts=parts, reset=reset,
                           kept=() if reset else ("prefix cache (reset refused)",))
 
+    def reset_state(self) -> tuple[str, ...]:
+        """Reset the prefix cache (the state a swap resets), tables unchanged; what was reset."""
+        if self._llm is None:
+            return ()
+        return ("prefix cache",) if self._llm.reset_prefix_cache() else ()
+
     def check_tables(self) -> TableCheck:
         """vLLM's own logits (or log-probabilities) for every row of the target table: one
         request whose prompt visits every token (see logits_match_table)."""

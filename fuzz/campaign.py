@@ -392,6 +392,7 @@ class CampaignStats:
     finding_checks: int = 0  # candidates run reduced to a stored speculation finding's features (same method)
     findings_known: int = 0  # ... that failed so reduced: a stored speculation finding met again, not shrunk
     shrunk_known: int = 0  # shrunk failures that were a stored speculation finding (not confirmed afresh, not stored)
+    state_resets: int = 0  # engine state (prefix cache, n-gram trie) reset before a candidate ran again on it
     rescreened_out: int = 0  # candidates that passed when screened again alone on the running engine (no fresh start)
     unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
     budget: object = None  # the α ledger's ConfirmationBudget, as last read
@@ -965,7 +966,14 @@ class Campaign:
         2026-12-03, SGLang's STANDALONE bug with min_p and a frequency penalty was stored, then
         confirmed again with a presence penalty too, its shrink cut short by the run's end.)
         The stored bug masks a second one only while the stored one is not fixed: a variant
-        whose reduction passes goes on as any candidate."""
+        whose reduction passes goes on as any candidate.
+
+        The running engine's state that outlives a request (the prefix cache, SGLang's n-gram
+        trie) is reset before the reduced run, as the swap before the candidate's own run reset
+        it: SGLang's NGRAM zero padding shows only while the trie holds no continuation, so on
+        the candidate's filled trie the reduced case passed and the candidate was stored again
+        as a new variant (finding-d5b4, met with min_p on the H100, 2026-12-05, most likely
+        finding-065f)."""
         case_json = run.case.to_json()
         method = (case_json.get("spec") or {}).get("method")
         if not method or not self.finding_entries:
@@ -981,6 +989,7 @@ class Campaign:
                 continue
             try:
                 case = Case.from_json(reduced_to_features(case_json, key[2]))
+                self._reset_state(self.engine)
                 reduced = self._run([case], [self.cfg.screen_alpha], seed, speculation=True)[0]
             except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError):
                 continue
@@ -1068,9 +1077,11 @@ class Campaign:
         """A candidate run again on fresh samples (its own seed window), on a freshly
         started engine, at the next confirmation's α_j (spent and written to the ledger
         first); returns the run and j. ``engine``: on that running engine instead (a known
-        bug met again: its tables swapped in and checked, no fresh start)."""
+        bug met again: its tables swapped in and checked, its state reset, no fresh start)."""
         j, a = self.ledger.spend()
         t0 = time.monotonic()
+        if engine is not None and engine.running_config is not None:
+            self._reset_state(engine)
         conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=engine is None,
                          engine=engine, max_samples=confirmation_samples(run, a, self.cfg.max_samples))[0]
         self.stats.confirmations += 1
@@ -1078,6 +1089,13 @@ class Campaign:
         self.stats.unconfirmed_s += 0.0 if conf.failed else time.monotonic() - t0  # engine start included
         self.stats.budget = self.ledger.read()
         return conf, j
+
+    def _reset_state(self, engine: IsolatedEngine) -> tuple[str, ...]:
+        """Reset ``engine``'s state that outlives a request before a candidate runs on it again
+        (:meth:`IsolatedEngine.reset_state`); counted in ``stats.state_resets``."""
+        reset = engine.reset_state()
+        self.stats.state_resets += int(bool(reset))
+        return reset
 
     def _crash_entry(self, case: Case, crash: EngineCrash, family: list[Case]) -> Entry:
         """The entry of a crash that ``family`` met in the last engine call (its batch and

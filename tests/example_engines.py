@@ -248,6 +248,35 @@ class ProcessRestartEngine(ReferenceEngine):
         return os.getpid(), self._preloaded
 
 
+class ColdStateEngine(ReferenceEngine):
+    """The injected bug shows only while the engine's cross-request state is empty: in the
+    first generate call after a start, a swap or ``reset_state``, and never once that state
+    has filled (as SGLang's NGRAM pads its drafts with token 0 while the n-gram trie all
+    requests share holds no continuation)."""
+
+    name = "cold-state"
+
+    def version(self):
+        return {**super().version(), "name": self.name + (f"+{self.inject}" if self.inject else "")}
+
+    def start(self, config: EngineConfig) -> None:
+        super().start(config)
+        self._cold = True
+
+    def reset_state(self) -> tuple[str, ...]:
+        self._cold = True
+        return ("drafter state",)
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        inject = self.inject
+        self.inject = inject if self._cold else None
+        try:
+            return super().generate(requests)
+        finally:
+            self.inject = inject
+            self._cold = False
+
+
 class _WrongTemperatureEngine(ReferenceEngine):
     """The reference engine whose sampler uses another temperature for some non-greedy
     requests of a call: ``wrong_temperatures(requests)`` gives, per request, the temperature

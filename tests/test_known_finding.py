@@ -67,6 +67,29 @@ def test_a_stored_finding_met_with_more_sampling_settings_is_seen_again_and_not_
             e.close()
 
 
+def test_the_reduced_run_starts_from_the_state_the_candidate_started_from(tmp_path):
+    """An engine whose bug shows only while its cross-request state is empty (SGLang's NGRAM
+    zero padding, with an empty n-gram trie): the candidate fails in the first call after its
+    swap; the known-finding check resets that state before the reduced run (and before the
+    confirmation on the running engine), so the candidate is the stored finding met again,
+    not a new variant to confirm afresh, shrink and store (finding-d5b4 on the H100)."""
+    corpus = tmp_path / "corpus"
+    stored = _store_finding(corpus, "cold-state+N6", _case())
+    camp = _campaign(tmp_path, corpus, engine="example_engines:ColdStateEngine", engine_kwargs={"inject": "N6"})
+    try:
+        run = camp._run([_case(temperature=0.9, presence_penalty=0.5)], [camp.cfg.screen_alpha], seed=61)[0]
+        assert run.failed and run.n <= camp.cfg.batch  # decided in the one call with the empty state
+        again = camp._run([run.case], [camp.cfg.screen_alpha], seed=62)[0]
+        assert not again.failed  # on the filled state the same case passes: the check must reset it
+        assert camp._known_finding(run, seed=63)
+        assert camp.stats.state_resets == 2  # before the reduced run and before its confirmation
+        assert camp.stats.findings_known == 1 and camp.stats.confirmations == 1 and camp._fresh_engine is None
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
 def test_a_candidate_whose_reduction_to_a_stored_finding_passes_goes_on_as_a_new_one(tmp_path):
     """The temperature bug (the engine samples at temperature 1 whatever the request says)
     with speculation on: a candidate at temperature 0.5 fails, while the stored finding's
