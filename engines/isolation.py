@@ -27,6 +27,7 @@ import importlib
 import multiprocessing as mp
 import multiprocessing.util  # noqa: F401  (its atexit hook must be registered before ours)
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -55,6 +56,20 @@ LOG_TAIL_BYTES = 8000
 # The waits an engine lends to its ``while_waiting`` hook: its starts (a new process's imports
 # included) and a prestarted engine's warm-up, never a generate call or a swap.
 FILLED_WAITS = frozenset({"ping", "start", "warm_up"})
+# An engine start refused for lack of GPU memory (the words of its log): SGLang 0.5.17's
+# KV-cache sizing charges memory that other processes allocate while it loads to its own
+# --mem-fraction-static, so with several engines of a campaign on one GPU (--workers,
+# prestarted and confirmation engines) a start can fail while another engine allocates its
+# cache (H100, 2026-12-05: "Loaded weights leave no GPU memory for the KV cache under
+# --mem-fraction-static=0.0533", stored as a crash of the shrunk case). The start is tried
+# again after a wait; refused every time, it is an EngineCrash of kind "resource": a failure
+# of the machine's share, which campaigns never store as a finding.
+MEMORY_REFUSAL = re.compile(
+    r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. Please try to increase --mem-fraction-static"
+    r"|CUDA out of memory|torch\.OutOfMemoryError|No available memory for the cache blocks"
+    r"|Free memory on device .* is less than desired GPU memory utilization")
+START_RETRIES = 2
+START_RETRY_WAIT_S = 15.0  # times the attempt number
 # How often the child checks that its parent is still alive (seconds).
 PARENT_POLL_S = 1.0
 # SPECFUZZ_PROFILE_DIR=<folder>: every engine child profiles itself (cProfile: what the
@@ -87,7 +102,8 @@ class _ChildProfile:  # pragma: no cover - runs in the child
 
 
 class EngineCrash(SpecfuzzError):
-    """The engine process died, hung, or raised. ``kind``: exit, signal, timeout, exception."""
+    """The engine process died, hung, or raised. ``kind``: exit, signal, timeout, exception;
+    resource: it refused to start for lack of GPU memory, again and again (MEMORY_REFUSAL)."""
 
     def __init__(self, kind: str, detail: str, log_tail: str = "") -> None:
         self.kind = kind
@@ -262,6 +278,7 @@ class IsolatedEngine:
         self._caps: Capabilities | None = None
         self.starts = 0
         self.crashes = 0
+        self.start_retries = 0  # starts tried again after a refusal for lack of GPU memory (MEMORY_REFUSAL)
         self.log_path: Path | None = None
         # Table swaps (Capabilities.swap): ``swap=False`` starts the engine afresh for every
         # new config, as before swaps existed (benchmarks compare both).
@@ -479,7 +496,24 @@ class IsolatedEngine:
         """
         self._starting = True
         try:
-            self._start(config, fresh)
+            for attempt in range(1, START_RETRIES + 2):
+                try:
+                    self._start(config, fresh)
+                    return
+                except EngineCrash as exc:
+                    from specfuzz.fuzz.corpus import last_exception
+
+                    why = MEMORY_REFUSAL.search(last_exception(exc.log_tail))  # what the start died of
+                    if why is None or exc.kind == "resource":
+                        raise
+                    if attempt > START_RETRIES:
+                        raise EngineCrash("resource", f"{exc.detail}: the engine refused to start for lack of GPU memory "
+                                          f"{attempt} times ({why.group(0)})", exc.log_tail) from None
+                    wait = START_RETRY_WAIT_S * attempt
+                    self.start_retries += 1
+                    self.events.append({"event": "engine start refused for lack of GPU memory; started again",
+                                        "detail": why.group(0), "attempt": attempt, "wait_s": wait})
+                    time.sleep(wait)
         finally:
             self._starting = False
 

@@ -107,6 +107,13 @@ DEFAULT_SETTINGS: dict[str, Any] = {
 # Settings the adapter consumes itself (everything else goes to sglang.Engine).
 _OWN_SETTINGS = ("shutdown_timeout_s", "env", "swap")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+# SGLang's crash diagnostics (TokenizerManager.dump_requests_before_crash, 0.5.17): when a child
+# process fails, the engine process sleeps 5 s, tries py-spy, then waits
+# SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS (default 60) for CUDA core dumps before it exits,
+# even where none can be written. A crashed family then held its worker 68-77 s (H100,
+# 2026-12-05). Off in the engine's process (a value the environment already has is kept);
+# they change nothing the engine computes, so launch records leave them out.
+CRASH_DIAGNOSTICS_OFF = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 # Seconds between reset_state's two flushes (check_tables' flush comes tens of ms after a
 # swap's, which is what cleared the trie's queued inserts there).
 RESET_GAP_S = 0.05
@@ -404,6 +411,8 @@ class SGLangEngine(Engine):
         import sglang
         from sglang.srt.server_args import ServerArgs
 
+        for key, value in CRASH_DIAGNOSTICS_OFF.items():
+            os.environ.setdefault(key, value)  # read when a child fails, after the start's own env is gone
         before = _child_pids()
         t0 = time.perf_counter()
         with environ(env):

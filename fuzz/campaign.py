@@ -392,6 +392,7 @@ class CampaignStats:
     finding_checks: int = 0  # candidates run reduced to a stored speculation finding's features (same method)
     findings_known: int = 0  # ... that failed so reduced: a stored speculation finding met again, not shrunk
     shrunk_known: int = 0  # shrunk failures that were a stored speculation finding (not confirmed afresh, not stored)
+    resource_refusals: int = 0  # engine starts refused for lack of GPU memory after every retry (not stored)
     state_resets: int = 0  # engine state (prefix cache, n-gram trie) reset before a candidate ran again on it
     rescreened_out: int = 0  # candidates that passed when screened again alone on the running engine (no fresh start)
     unconfirmed_s: float = 0.0  # time in confirmations that did not confirm (false candidates)
@@ -1106,6 +1107,14 @@ class Campaign:
                            batch=call_requests or self.cfg.batch, call_prompt_tokens=split)
 
     def _record_crash(self, case: Case, crash: EngineCrash, family: list[Case] | None = None, shrunk: bool = False) -> None:
+        if crash.kind == "resource":
+            # The engine refused to start for lack of GPU memory, each time it was tried
+            # (IsolatedEngine.start): other engines on the GPU held it. Not a finding.
+            self.stats.resource_refusals += 1
+            self._log_event({"event": "engine start refused for lack of GPU memory (not stored)",
+                             "detail": crash.detail[:300], "case": case.to_json()})
+            self.on_event(f"engine start refused for lack of GPU memory, not a finding: {crash.detail[:120]}", self.stats)
+            return
         self.stats.crashes += 1
         known = self.crash_entries.get(crash_key(crash))
         if not shrunk and known is not None and known.exists():
@@ -1471,6 +1480,9 @@ class Campaign:
             self._count(cases, runs, speculation)
             self._save_state()
             crash = next((r.crash for r in runs if r.crash is not None), None)
+            if crash is not None and crash.kind == "resource":
+                self._record_crash(cases[0], crash, list(cases))  # not stored: the machine's share, not the engine
+                reject()
             if crash is not None:
                 key = crash_key(crash)
                 same = bool(crash_first) and key == crash_first[0]

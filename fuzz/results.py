@@ -200,7 +200,7 @@ def entry_case(classname: str, path: Path, entry, status: str, *, message: str, 
 def stats_json(stats, fields: Sequence[str] = ("cases", "patterns", "samples", "findings_new", "findings_updated",
                                                "crashes", "engine_starts", "swaps", "swap_fallbacks", "searches",
                                                "rejected", "refused", "calibration_checks", "calibration_known",
-                                               "finding_checks", "findings_known", "shrunk_known", "state_resets")) -> dict:
+                                               "finding_checks", "findings_known", "shrunk_known", "state_resets", "resource_refusals")) -> dict:
     """The numeric counters of a campaign's stats (the ones that exist)."""
     return {f: int(getattr(stats, f)) for f in fields if isinstance(getattr(stats, f, None), (int, float))}
 

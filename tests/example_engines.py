@@ -466,3 +466,27 @@ class ShapeCrashEngine(ReferenceEngine):
             print("shape crash engine: crashing", flush=True)
             os.kill(os.getpid(), signal.SIGSEGV)
         return super().generate(requests)
+
+
+class MemoryRefusalEngine(ReferenceEngine):
+    """Refuses its first ``refusals`` starts (counted in ``count_file``, across processes) the
+    way SGLang 0.5.17 does when another engine on the GPU allocated memory while it loaded:
+    its KV-cache sizing raises in the scheduler and the engine process is killed (SIGKILL)."""
+
+    name = "memory-refusal"
+
+    def __init__(self, count_file: str = "", refusals: int = 0, **kw) -> None:
+        super().__init__(**kw)
+        self.count_file, self.refusals = count_file, int(refusals)
+
+    def start(self, config: EngineConfig) -> None:
+        n = int(open(self.count_file).read() or 0) if self.count_file and os.path.exists(self.count_file) else 0
+        if n < self.refusals:
+            with open(self.count_file, "w") as f:
+                f.write(str(n + 1))
+            print("Scheduler hit an exception: Traceback (most recent call last):\n"
+                  "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.0533. "
+                  "Raise --mem-fraction-static above 0.072 (minimum viable = 1 - available/pre = 0.0716).\n"
+                  "Received sigquit from a child process. It usually means the child failed.", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().start(config)

@@ -413,3 +413,39 @@ def test_a_search_whose_shape_meets_a_stored_crash_twice_in_a_row_ends(tmp_path)
     assert all(crashed.count(True) <= 2 for crashed in by_search.values())
     assert any(s > ended[0]["search"] and not any(crashed) for s, crashed in by_search.items())  # and went on
     assert sorted(p.name for p in (tmp_path / "c").glob("crash-*.json")) == [f"crash-{stored.signature}.json"]
+
+
+def test_an_engine_start_refused_for_lack_of_gpu_memory_is_tried_again_and_never_stored(tmp_path, monkeypatch):
+    """With several engines of a campaign on one GPU, SGLang's start can fail while another
+    engine allocates memory (H100, 2026-12-05: "Loaded weights leave no GPU memory for the KV
+    cache", stored as a crash of the shrunk case). Such a start is tried again after a wait;
+    refused every time, the family is dropped as the machine's failure, not stored."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from specfuzz.engines import isolation
+    from specfuzz.engines.base import EngineConfig, Request
+    from specfuzz.tablegen import write_checkpoint
+
+    monkeypatch.setattr(isolation, "START_RETRY_WAIT_S", 0.01)
+    spec = "example_engines:MemoryRefusalEngine"
+    ckpt = tmp_path / "t"
+    write_checkpoint(ckpt, np.zeros((3, 3), np.float32))
+    eng = isolation.IsolatedEngine(spec, {"count_file": str(tmp_path / "n1"), "refusals": 2}, log_dir=tmp_path / "logs")
+    try:
+        eng.start(EngineConfig(target_dir=ckpt, max_model_len=64))  # refused twice, then started
+        assert eng.start_retries == 2 and (tmp_path / "n1").read_text() == "2"
+        assert [e["attempt"] for e in eng.events if e["event"].startswith("engine start refused")] == [1, 2]
+        assert eng.generate([Request((0,), SP(max_tokens=2), seed=1)])[0].token_ids
+    finally:
+        eng.close()
+    # refused at every try (1 + START_RETRIES): one family dropped, nothing stored, the campaign goes on
+    cfg = CampaignConfig(engine=spec, engine_kwargs={"count_file": str(tmp_path / "n2"), "refusals": 1 + isolation.START_RETRIES},
+                         budget_s=12, corpus_dir=tmp_path / "c", methods=("ngram",), work_dir=tmp_path / "wd",
+                         max_samples=100, max_patterns=2, seed=4)
+    camp = Campaign(cfg)
+    camp.run()
+    assert camp.stats.resource_refusals == 1 and camp.stats.crashes == 0 and camp.stats.cases > 1
+    assert list((tmp_path / "c").glob("*.json")) == []
+    events = [json.loads(line) for line in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("engine start refused for lack of GPU memory (not stored)") == 1
