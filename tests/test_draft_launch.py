@@ -10,6 +10,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -416,3 +417,33 @@ def test_a_finding_met_only_in_large_calls_is_replayed_and_drafted_with_calls_th
     recorded, older = results["recorded"], results["older"]
     assert recorded.returncode == 1 and recorded.stdout.strip().splitlines()[-1] == "FAIL", recorded.stdout + recorded.stderr
     assert older.returncode == 0 and older.stdout.strip().splitlines()[-1] == "PASS", older.stdout + older.stderr
+
+
+def test_a_timed_out_repro_whose_pipes_outlive_its_process_group_is_recorded_not_waited_for(tmp_path, monkeypatch):
+    """A repro stopped at its timeout whose output pipes a process outside its group still
+    holds (an SGLang crash repro on the H100 hung the verification until the lease's timeout):
+    the verification ends KILL_GRACE_S after the kill with what was printed, as a timeout."""
+    import signal
+    import time
+
+    from specfuzz.fuzz.draft import verify
+
+    monkeypatch.setattr(verify, "KILL_GRACE_S", 1.0)
+    pid_file = tmp_path / "holder.pid"
+    (tmp_path / "repro.py").write_text(
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('engine: a stand-in', flush=True)\n"
+        "time.sleep(60)\n")
+    t0 = time.monotonic()
+    try:
+        v = run_repro(tmp_path, timeout_s=2.0)
+        assert v.outcome == "timeout" and time.monotonic() - t0 < 15
+        assert v.engine_line == "engine: a stand-in" and "still open" in v.tail
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

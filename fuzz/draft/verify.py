@@ -35,6 +35,11 @@ from pathlib import Path
 DEFAULT_TIMEOUT_S = 900.0
 # Lines of the repro's output kept in ISSUE.md.
 TAIL_LINES = 25
+# Seconds to wait for a timed-out repro's output once its process group is killed: a process
+# that left the group (or a GPU context still tearing down) can hold its pipes open, and an
+# unbounded wait there hung a verification of an SGLang crash repro (H100, 2026-12-05) until
+# the lease's own timeout interrupted it, with no record written.
+KILL_GRACE_S = 20.0
 SECTION = "## Verification"
 OUTCOMES = ("PASS", "FAIL", "crash", "timeout")
 
@@ -66,6 +71,10 @@ def outcome_of(stdout: str, returncode: int | None, timed_out: bool) -> str:
     return "crash"
 
 
+def _text(data: bytes | str | None) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else (data or "")
+
+
 def _engine_line(stdout: str) -> str:
     for ln in stdout.splitlines():
         if ln.startswith("engine: "):
@@ -91,7 +100,16 @@ def run_repro(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: 
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        out, err = proc.communicate()
+        try:
+            out, err = proc.communicate(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired as exc:  # the pipes outlived the group: keep what was read
+            out, err = _text(exc.stdout), _text(exc.stderr) + f"\n(its output pipes were still open {KILL_GRACE_S:g} s after the kill)"
+            for f in (proc.stdout, proc.stderr):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            proc.wait()
     seconds = round(time.monotonic() - t0, 1)
     # The repro's engine may leave processes in its group (spawned workers): end them with it.
     try:
