@@ -58,12 +58,22 @@ def headline(data: DraftData) -> str:
     return "does not sample from the target distribution"
 
 
+def _crash_cause(data: DraftData) -> str:
+    """The engine's own exception behind a crash whose evidence only says how its process
+    ended (``extra.crash_cause``; its line from the log, numbers kept): "" where none."""
+    if not data.entry.extra.get("crash_cause"):
+        return ""
+    from specfuzz.fuzz.corpus import last_exception
+
+    return last_exception(data.entry.log)
+
+
 def issue_title(data: DraftData) -> str:
     custom = data.entry.extra.get("title")
     if isinstance(custom, str) and custom.strip():
         return data.scrub.text(f"{_engine_title(data)}: {custom.strip()}")
     if data.is_crash:
-        first = (data.entry.evidence or "crashes").splitlines()[0]
+        first = _crash_cause(data) or (data.entry.evidence or "crashes").splitlines()[0]
         return data.scrub.text(f"{_engine_title(data)}: {_spec_phrase(data.entry.case)} crashes ({first[:120]})")
     spec = data.entry.case.get("spec")
     what = "does not sample from the target model's distribution" if spec else "does not sample from the model's distribution"
@@ -159,8 +169,10 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
     # summary
     L += ["## What goes wrong", ""]
     if data.is_crash:
+        how = data.scrub.text((e.evidence or '').splitlines()[0] if e.evidence else 'see the log')
+        cause = _crash_cause(data)
         L += [f"With {_spec_phrase(cj)}, the engine crashes on the request below: "
-              f"{data.scrub.text((e.evidence or '').splitlines()[0] if e.evidence else 'see the log')}.", ""]
+              + (f"its log ends in `{data.scrub.text(cause)}` ({how})." if cause else f"{how}."), ""]
     else:
         tv = data.effect.tv
         tv_s = f"; the total variation distance between the observed frequencies and μ is {tv:.3f} over {data.n} samples." if tv is not None else "."
