@@ -1081,8 +1081,8 @@ class Campaign:
         bug met again: its tables swapped in and checked, its state reset, no fresh start)."""
         j, a = self.ledger.spend()
         t0 = time.monotonic()
-        if engine is not None and engine.running_config is not None:
-            self._reset_state(engine)
+        if engine is not None:
+            self._reset_state(engine)  # () where no engine runs there yet
         conf = self._run([run.case], [a], confirmation_seed(j), speculation=speculation, fresh=engine is None,
                          engine=engine, max_samples=confirmation_samples(run, a, self.cfg.max_samples))[0]
         self.stats.confirmations += 1
