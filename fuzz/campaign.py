@@ -239,6 +239,11 @@ def _crash_key_of(kind: object, evidence: str, log: str | None = None) -> str:
 # A search whose families meet one stored crash this many times in a row ends there (its start
 # shape crashes the engine whatever the requests; each crash cost an engine start).
 KNOWN_CRASHES_END_SEARCH = 2
+# A search whose swaps the engine refuses this many times in a row ends there: every further
+# family of its start shape would restart the engine (SGLang 0.5.17 on the H200, 2026-12-06:
+# a search with a reduced EAGLE-3 draft vocabulary ran 5 families on 5 starts, 180 s of a
+# 907-s worker, where the next search's engine was already prestarted).
+REFUSED_SWAPS_END_SEARCH = 2
 
 
 class SearchSliceOver(BaseException):
@@ -474,6 +479,7 @@ class Campaign:
         self._fill_seed = 0
         self._fill_count = 0
         self._filling = False
+        self._swaps_refused = 0  # swaps the search engine refused (a restart each), over the run
         self._fill = {"wall": 0.0, "swap": 0.0, "sample": 0.0}
         self._acct_fill = dict(self._fill)
         self._deferred: list[list[Case]] = _load_deferred(state)
@@ -694,6 +700,8 @@ class Campaign:
                     self.on_event(f"{name}: {str(what)[:120]}", self.stats)
                 elif name != "state kept across swap":
                     self.on_event(f"swap: {name}: {str(ev.get('detail', ''))[:120]}", self.stats)
+                if name == "swap refused" and e is self.engine:
+                    self._swaps_refused += 1
                 if ev.get("stale_weights") and case is not None:
                     self.totals["engine"]["stale_weights"] += 1
                     self._store_stale_weights(case, ev)
@@ -1392,6 +1400,7 @@ class Campaign:
         crash_first: list[str] = []
         crash_best: list[tuple[list[Case], EngineCrash]] = []
         known_in_row: list[str] = []  # the stored crashes the search's last families met, in a row
+        refused_in_row = [0]  # the search's last families whose swap the engine refused, in a row
         speculation = not self.cfg.calibration_only
         counter = [search_seed * 1_000_003]
 
@@ -1450,6 +1459,12 @@ class Campaign:
                 raise BudgetExhausted
             if not label_of_first and not crash_first and slice_over():
                 raise SearchSliceOver
+            if not label_of_first and not crash_first and refused_in_row[0] >= REFUSED_SWAPS_END_SEARCH:
+                # Checked before the next family, so the last one's candidates were handled.
+                self._log_event({"event": "search ended by refused swaps", "refused": refused_in_row[0]})
+                self.on_event(f"search ended: the engine refused {refused_in_row[0]} swaps of its start shape in a row "
+                              "(each family restarted it)", self.stats)
+                raise SearchSliceOver
             if self._shrink_started and time.monotonic() - self._shrink_started > self._shrink_cap_s() / 2:
                 # Hypothesis's shrink phase had its half of the cap (the greedy shrinker of a
                 # failure gets the rest): every further call ends at once.
@@ -1462,9 +1477,14 @@ class Campaign:
             alphas = [self.cfg.screen_alpha] * len(cases)
             try:
                 # While a crash shrinks, every candidate runs on a fresh engine process.
+                refused_before, swaps_before = self._swaps_refused, eng.swaps
                 runs = self._run(cases, alphas, next_seed(), speculation=speculation, fresh=bool(crash_first))
                 if not opening:
                     opening.append(eng.seconds["start"] - starts_before)
+                if self._swaps_refused > refused_before:
+                    refused_in_row[0] += 1
+                elif eng.swaps > swaps_before:
+                    refused_in_row[0] = 0
             except (AmbiguousSemantics, OutputSpaceTooLarge):
                 self.stats.rejected += 1
                 reject()

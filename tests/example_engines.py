@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from typing import Sequence
 
@@ -490,3 +491,17 @@ class MemoryRefusalEngine(ReferenceEngine):
                   "Received sigquit from a child process. It usually means the child failed.", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         super().start(config)
+
+
+class NamedCrashEngine(TopKCrashEngine):
+    """TopKCrashEngine that first writes the exception behind its crash to stderr, as SGLang's
+    scheduler logs its error before the process tree is killed: a crash repro's verification
+    finds the recorded cause in the engine's output."""
+
+    name = "named-crash"
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if any(r.params.top_k >= 1 and r.params.max_tokens >= 2 for r in requests):
+            print(f"RuntimeError: top-k kernel fault on {len(requests)} requests, total=4096, available=4000 (a line long "
+                  "enough that repro.py's CRASH_CAUSE literal spans two lines)", file=sys.stderr, flush=True)
+        return super().generate(requests)

@@ -382,6 +382,53 @@ def test_a_crash_repro_says_fail_when_the_engine_kills_the_process_that_started_
     assert "killed by signal SIGSEGV" in res.stdout, res.stdout
 
 
+def test_a_crash_verification_says_whether_the_engine_named_the_recorded_crash_again(tmp_path, monkeypatch):
+    """A crash whose engine process died without saying why (every SGLang crash) is recorded with
+    the exception its log named (extra.crash_cause): its repro.py holds it, prints it after a FAIL,
+    and the verification records the line of the repro's output that names it again, or says in
+    bold that none does (a FAIL that may be another crash: crash-80e8's first FAIL on the H200
+    showed only the SIGKILL)."""
+    base = json.loads((ROOT / "corpus" / "regression" / "regression-N1.json").read_text())
+    case = dict(base["case"], params=dict(base["case"]["params"], top_k=2, max_tokens=2))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    seen = {}
+    long = ("RuntimeError: top-k kernel fault on # requests, total=#, available=# (a line long enough that repro.py's "
+            "CRASH_CAUSE literal spans two lines)")
+    for name, cause in (("same", long),
+                        ("other", "ValueError: pool memory leak detected! [full] total=#")):
+        e = Entry(kind="crash", engine={"name": "named-crash", "engine_spec": "example_engines:NamedCrashEngine"},
+                  case=case, evidence="engine signal: engine process killed by SIGSEGV during generate",
+                  extra={"crash_kind": "signal", "crash_cause": cause})
+        p = tmp_path / f"crash-{name}.json"
+        p.write_text(json.dumps(e.to_json()))
+        out = draft_entry(p, tmp_path / name).out_dir
+        assert "CRASH_CAUSE = " in (out / "repro.py").read_text()
+        seen[name] = (verify_draft(out, timeout_s=300, extra_args=("--engine-class", "example_engines:NamedCrashEngine",
+                                                                     "--batch", "1")), (out / "ISSUE.md").read_text())
+    (same, same_issue), (other, other_issue) = seen["same"], seen["other"]
+    assert same.outcome == "FAIL" and same.cause_line.startswith("RuntimeError: top-k kernel fault on 1 requests, total=4096"), same.tail
+    assert "when found, the engine's log named" in same.tail  # repro.py says what to look for
+    assert "names the crash recorded when it was found" in same_issue and "RuntimeError: top-k kernel fault on 1" in same_issue
+    assert other.outcome == "FAIL" and other.cause_line is None
+    assert "does not name the crash recorded" in other_issue and "may be another crash" in other_issue
+    assert "killed by signal SIGSEGV" in other.tail and "RuntimeError: top-k kernel fault" in other.tail  # stderr kept
+
+
+def test_recording_a_verification_keeps_the_rest_of_the_issue_as_written(tmp_path):
+    """An ISSUE.md quoting an engine log with progress bars ("\r") keeps them when its Verification
+    section is written: reading it with universal newlines had turned each "\r" into a line break."""
+    from specfuzz.fuzz.draft.verify import Verification, record
+
+    issue = tmp_path / "ISSUE.md"
+    body = "# t\n\n```\nloading:   0% | 0/1\rloading: 100% | 1/1\n```\n"
+    issue.write_bytes(body.encode())
+    v = Verification("FAIL", "engine: x", "2026-12-06T00:00:00+00:00", 1.0, 1, "FAIL", "python repro.py")
+    record(issue, v)
+    record(issue, v)  # replaced, not appended
+    text = issue.read_bytes().decode()
+    assert text.startswith(body) and text.count("## Verification") == 1
+
+
 def test_a_finding_met_only_in_large_calls_is_replayed_and_drafted_with_calls_that_large(tmp_path):
     """An engine that goes wrong only for requests past the 256th of one call (SGLang 0.5.17's
     penalties past max_running_requests, h200/sglang calibration-1f04): the entry records the

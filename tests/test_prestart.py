@@ -274,6 +274,37 @@ def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkey
     assert any(e["event"] == "swap refused" for e in events)
 
 
+def test_a_search_whose_swaps_the_engine_refuses_twice_in_a_row_ends_there(tmp_path, monkeypatch):
+    """With slices long enough for many restarts, a search whose swaps the engine refuses ends
+    after the second refusal in a row (each further family would restart the engine: SGLang
+    with a reduced EAGLE-3 draft vocabulary on the H200, 2026-12-06, ran 5 families on 5 starts,
+    180 s of a 907-s worker) and the campaign goes on to the next search."""
+    import specfuzz.fuzz.campaign as campaign
+
+    monkeypatch.setattr(campaign, "SEARCH_SLICE_MIN_S", 120.0)  # the slice cannot be what ends a search
+    monkeypatch.setattr(campaign, "FIRST_START_GUESS_S", 2.0)
+    cfg = CampaignConfig(engine="tests.example_engines:RefusingRestartEngine", budget_s=40, corpus_dir=tmp_path / "c",
+                         methods=("draft_model", "ngram"), work_dir=tmp_path / "wd", max_samples=200, max_k=3,
+                         spare_engines=False, prestart=False)
+    stats = Campaign(cfg).run()
+    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
+    by_search: dict[int, list] = {}
+    for f in fams:
+        if f["role"] == "search":
+            by_search.setdefault(f["search"], []).append(f)
+    events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+    ended = [e for e in events if e["event"] == "search ended by refused swaps"]
+    assert ended and all(e["refused"] == 2 for e in ended)
+    refused = {}
+    for e in events:
+        if e["event"] == "swap refused":
+            refused[e["search"]] = refused.get(e["search"], 0) + 1
+    # a search ends at its second refused swap: never a third (its opening family needs no swap,
+    # a family repeating the running tables none either)
+    assert refused and max(refused.values()) <= 2, refused
+    assert stats.searches >= 2 and len(by_search) >= 2 and {e["search"] for e in ended} <= set(by_search)
+
+
 def test_the_next_search_s_speculation_off_engine_is_prestarted_once_one_has_run(tmp_path):
     """Once candidates have needed the speculation-off engine, the next search's one is
     prestarted along with its search engine, and that search's speculation-off check takes it

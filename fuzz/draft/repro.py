@@ -138,6 +138,7 @@ def repro_data(data: DraftData, samples: int) -> dict:
         "SEQUENCE": [s.get("request", s) for s in data.entry.extra.get("sequence", [])] if data.is_crash else None,
         "CRASH": data.is_crash,
         "CRASH_BATCH": crash_batch(data),
+        "CRASH_CAUSE": (str(data.entry.extra.get("crash_cause") or "") or None) if data.is_crash else None,
         "RUN_BATCH": run_batch(data),
         "BATCH_PATTERNS": (data.entry.extra.get("batch_patterns") or None) if data.is_crash else None,
         "DEFAULT_SAMPLES": samples,

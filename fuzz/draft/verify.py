@@ -7,7 +7,10 @@ an earlier one): the outcome, the engine line the script printed (its version), 
 the seconds it took and the tail of its output, scrubbed. Outcomes:
 
 * ``PASS`` / ``FAIL``: the last line the script printed (for a crash entry FAIL means the
-  engine crashed as recorded);
+  engine crashed; where the engine's process died without saying why, e.g. SGLang, whose
+  scheduler has the process tree killed, the script holds ``CRASH_CAUSE``, the exception the
+  engine's log named when the crash was found, and the verification records whether the
+  repro's output names it again, with the line that does: the same crash, not just a crash);
 * ``crash``: the script ended without either (it raised, e.g. the engine did not start);
 * ``timeout``: it ran past the timeout and was killed.
 
@@ -53,6 +56,8 @@ class Verification:
     returncode: int | None
     tail: str  # the last TAIL_LINES lines of stdout + stderr
     command: str
+    cause: str | None = None  # a crash repro's CRASH_CAUSE (the exception named when found, numbers as #)
+    cause_line: str | None = None  # the line of this run's output that names it again (None: none does)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -80,6 +85,46 @@ def _engine_line(stdout: str) -> str:
         if ln.startswith("engine: "):
             return ln.strip()
     return ""
+
+
+def numbers_out(text: str) -> str:
+    """``text`` on one line with every (signed) number replaced by ``#`` (as the corpus records a
+    crash's cause: specfuzz.fuzz.corpus.numbers_out, repeated here to keep this module standalone)."""
+    return re.sub(r"-?[0-9]+", "#", " ".join(str(text).split()))
+
+
+def recorded_cause(repro: Path) -> str | None:
+    """The ``CRASH_CAUSE`` a crash repro.py holds (None: none, or a script drafted before 2026-12-06)."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(repro).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "CRASH_CAUSE"):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, str) and value.strip() else None
+    return None
+
+
+# How repro.py prints the recorded cause itself (templates/repro_main.py): not the engine naming it.
+CAUSE_ECHO = "when found, the engine's log named"
+
+
+def cause_line(cause: str, *outputs: str) -> str | None:
+    """The first line of ``outputs`` that names ``cause`` (numbers aside), the repro's own echo of
+    it passed over; None when none does."""
+    want = numbers_out(cause)
+    for text in outputs:
+        for line in text.splitlines():
+            if want in numbers_out(line) and not line.lstrip().startswith(CAUSE_ECHO):
+                return line.strip()
+    return None
 
 
 def run_repro(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: str | None = None,
@@ -118,11 +163,21 @@ def run_repro(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: 
         pass
     outcome = outcome_of(out, proc.returncode, timed_out)
     tail_lines = out.rstrip("\n").splitlines()  # the verdict and its table
-    if outcome in ("crash", "timeout") or "the engine raised" in out:  # the error is in stderr: keep its end last
+    died = "the engine's process died" in out  # a crash repro whose engine took its process down
+    if outcome in ("crash", "timeout") or "the engine raised" in out or died:  # the error is in stderr: keep its end last
         tail_lines = tail_lines[-6:] + err.rstrip("\n").splitlines()
     tail = "\n".join(tail_lines[-TAIL_LINES:])
+    cause = recorded_cause(d / "repro.py")
     return Verification(outcome, _engine_line(out), date, seconds, proc.returncode, tail,
-                        " ".join(["python", "repro.py", *extra_args]))
+                        " ".join(["python", "repro.py", *extra_args]), cause,
+                        cause_line(cause, err, out) if cause else None)
+
+
+def cause_note(v: Verification) -> str:
+    """"" where no crash cause was recorded; else whether this FAIL's output named it again."""
+    if not v.cause or v.outcome != "FAIL":
+        return ""
+    return "; the recorded crash named again" if v.cause_line else "; the recorded crash NOT named in its output"
 
 
 def section(v: Verification, scrub=None) -> str:
@@ -135,6 +190,13 @@ def section(v: Verification, scrub=None) -> str:
          f"{v.seconds:.0f} s (exit status {v.returncode}).", ""]
     if v.engine_line:
         L += [f"It reported `{clean(v.engine_line)}`.", ""]
+    if v.cause and v.outcome == "FAIL":
+        if v.cause_line:
+            L += ["Its output names the crash recorded when it was found (numbers aside), in this line:", "", "```",
+                  clean(v.cause_line), "```", ""]
+        else:
+            L += [f"**Its output does not name the crash recorded when it was found** (`{clean(v.cause)}`, numbers "
+                  "as #): this FAIL may be another crash.", ""]
     L += ["<details><summary>output (last lines)</summary>", "", "```", clean(v.tail).strip() or "(none)", "```", "",
           "</details>", ""]
     return "\n".join(L)
@@ -153,12 +215,14 @@ def section_span(text: str) -> tuple[int, int] | None:
 def record(issue_path: Path, v: Verification, scrub=None) -> None:
     """Write (or replace) the Verification section of an ISSUE.md."""
     p = Path(issue_path)
-    text = p.read_text(encoding="utf-8")
+    with open(p, encoding="utf-8", newline="") as f:  # as written: an engine log's "\r" (progress bars) kept
+        text = f.read()
     span = section_span(text)
     if span is not None:
         text = text[:span[0]] + text[span[1]:]
     text = text.rstrip("\n") + "\n\n" + section(v, scrub).rstrip("\n") + "\n"
-    p.write_text(text, encoding="utf-8")
+    with open(p, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
 
 
 def _scrubber():
@@ -199,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         v = verify_draft(d, timeout_s=args.timeout)
         results[d.name] = v.to_json()
-        print(f"{d.name}: {v.outcome} in {v.seconds:.0f} s ({v.engine_line or 'no engine line'})", flush=True)
+        print(f"{d.name}: {v.outcome} in {v.seconds:.0f} s ({v.engine_line or 'no engine line'}){cause_note(v)}", flush=True)
         if args.json is not None:
             args.json.write_text(json.dumps(results, indent=1))
     return 0

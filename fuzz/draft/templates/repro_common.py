@@ -75,6 +75,7 @@ DEPTH = None
 SEQUENCE = None
 CRASH = False
 CRASH_BATCH = 600  # requests per engine call when a crash repro runs its request (the campaign's batch)
+CRASH_CAUSE = None  # a crash whose engine process died without naming why: the exception its log named when found (numbers as #)
 RUN_BATCH = None  # requests per engine call of the failing run (None: the engine part's DEFAULT_BATCH)
 BATCH_PATTERNS = None  # a crash in a mixed batch: the other request patterns [{"prompt", "params"}, ...] of that batch
 DEFAULT_SAMPLES = 1000

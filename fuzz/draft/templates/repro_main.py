@@ -10,7 +10,7 @@ import tempfile
 from collections import Counter
 
 from specfuzz.fuzz.draft.templates.repro_common import (
-    ALPHA, BATCH_PATTERNS, CRASH, CRASH_BATCH, DEFAULT_SAMPLES, EXPECTED, PROMPT, RUN_BATCH, SAMPLING, SEQUENCE,
+    ALPHA, BATCH_PATTERNS, CRASH, CRASH_BATCH, CRASH_CAUSE, DEFAULT_SAMPLES, EXPECTED, PROMPT, RUN_BATCH, SAMPLING, SEQUENCE,
     SUSPECTED, law_of, log_e_value, report,
 )
 from specfuzz.fuzz.draft.templates.repro_draft import Checkpoints
@@ -86,6 +86,8 @@ def run_crash_in_child(argv):
     how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
     print(f"the engine's process died ({how}) at start or on the request sequence: the engine took down the "
           "process that started it")
+    if CRASH_CAUSE:  # the process died without saying why: the engine's own output above names it
+        print(f"when found, the engine's log named (numbers as #): {CRASH_CAUSE}")
     print("FAIL")
     return 1
 
