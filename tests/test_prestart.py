@@ -235,6 +235,21 @@ def test_a_search_slice_is_longer_with_more_workers_since_they_share_the_methods
     assert slices == {1: 600 / (2 * 2), 3: 600 * 3 / (2 * 2)}
 
 
+def _refusing_campaign(tmp_path, budget_s: float):
+    """A campaign on RefusingRestartEngine (every swap refused, a 2-s restart instead): its stats,
+    its search families by search index, and its events."""
+    cfg = CampaignConfig(engine="tests.example_engines:RefusingRestartEngine", budget_s=budget_s, corpus_dir=tmp_path / "c",
+                         methods=("draft_model", "ngram"), work_dir=tmp_path / "wd", max_samples=200, max_k=3,
+                         spare_engines=False, prestart=False)
+    stats = Campaign(cfg).run()
+    state = tmp_path / "c" / ".specfuzz"
+    by_search: dict[int, list] = {}
+    for f in (json.loads(x) for x in (state / "families.jsonl").read_text().splitlines()):
+        if f["role"] == "search":
+            by_search.setdefault(f["search"], []).append(f)
+    return stats, by_search, [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+
+
 def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkeypatch):
     """Restarts after a search's opening start count against its slice: on an engine that
     refuses every swap (each family restarts it, 2 s here; SGLang with a reduced EAGLE-3 draft
@@ -246,15 +261,7 @@ def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkey
     monkeypatch.setattr(campaign, "SEARCH_SLICE_MIN_S", 3.0)
     monkeypatch.setattr(campaign, "SLICE_START_FACTOR", 0.5)
     monkeypatch.setattr(campaign, "FIRST_START_GUESS_S", 2.0)
-    cfg = CampaignConfig(engine="tests.example_engines:RefusingRestartEngine", budget_s=32, corpus_dir=tmp_path / "c",
-                         methods=("draft_model", "ngram"), work_dir=tmp_path / "wd", max_samples=200, max_k=3,
-                         spare_engines=False, prestart=False)
-    stats = Campaign(cfg).run()
-    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
-    by_search: dict[int, list] = {}
-    for f in fams:
-        if f["role"] == "search":
-            by_search.setdefault(f["search"], []).append(f)
+    stats, by_search, events = _refusing_campaign(tmp_path, 32)
     restarted = [fs for fs in by_search.values() if len(fs) > 1]
     # every family restarted, unless it loaded nothing: a family that repeats the running tables
     # (Hypothesis can draw one twice) needs no start and no swap (on the loaded 2-core CI machine,
@@ -270,7 +277,6 @@ def test_a_search_slice_counts_restarts_after_its_opening_start(tmp_path, monkey
     # more than one search: the first ended after its slice (a slow run of the 2-core machine,
     # 2026-12-05, had 2 searches in 24 s)
     assert stats.searches >= 2 and len(by_search) >= 2
-    events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "swap refused" for e in events)
 
 
@@ -283,16 +289,7 @@ def test_a_search_whose_swaps_the_engine_refuses_twice_in_a_row_ends_there(tmp_p
 
     monkeypatch.setattr(campaign, "SEARCH_SLICE_MIN_S", 120.0)  # the slice cannot be what ends a search
     monkeypatch.setattr(campaign, "FIRST_START_GUESS_S", 2.0)
-    cfg = CampaignConfig(engine="tests.example_engines:RefusingRestartEngine", budget_s=40, corpus_dir=tmp_path / "c",
-                         methods=("draft_model", "ngram"), work_dir=tmp_path / "wd", max_samples=200, max_k=3,
-                         spare_engines=False, prestart=False)
-    stats = Campaign(cfg).run()
-    fams = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "families.jsonl").read_text().splitlines()]
-    by_search: dict[int, list] = {}
-    for f in fams:
-        if f["role"] == "search":
-            by_search.setdefault(f["search"], []).append(f)
-    events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+    stats, by_search, events = _refusing_campaign(tmp_path, 40)
     ended = [e for e in events if e["event"] == "search ended by refused swaps"]
     assert ended and all(e["refused"] == 2 for e in ended)
     refused = {}
