@@ -285,6 +285,7 @@ class IsolatedEngine:
         self.swap_enabled = swap
         self.swaps = 0
         self.swap_fallbacks = 0
+        self.swaps_refused = 0  # of the fallbacks, swaps the engine refused (SwapUnsupported): a restart each
         # Wall time per activity (seconds): engine starts (process spawn included), swaps
         # (loading and the table check), and generate calls.
         self.seconds = {"start": 0.0, "swap": 0.0, "generate": 0.0}
@@ -718,6 +719,7 @@ class IsolatedEngine:
                 # AttributeError: an engine that claims Capabilities.swap without swap() or
                 # check_tables(); an unproven swap is never sampled.
                 self._config = old
+                self.swaps_refused += 1
                 self._fallback("swap refused", str(exc), old, config)
                 return False
         finally:

@@ -479,7 +479,6 @@ class Campaign:
         self._fill_seed = 0
         self._fill_count = 0
         self._filling = False
-        self._swaps_refused = 0  # swaps the search engine refused (a restart each), over the run
         self._fill = {"wall": 0.0, "swap": 0.0, "sample": 0.0}
         self._acct_fill = dict(self._fill)
         self._deferred: list[list[Case]] = _load_deferred(state)
@@ -700,8 +699,6 @@ class Campaign:
                     self.on_event(f"{name}: {str(what)[:120]}", self.stats)
                 elif name != "state kept across swap":
                     self.on_event(f"swap: {name}: {str(ev.get('detail', ''))[:120]}", self.stats)
-                if name == "swap refused" and e is self.engine:
-                    self._swaps_refused += 1
                 if ev.get("stale_weights") and case is not None:
                     self.totals["engine"]["stale_weights"] += 1
                     self._store_stale_weights(case, ev)
@@ -1477,11 +1474,11 @@ class Campaign:
             alphas = [self.cfg.screen_alpha] * len(cases)
             try:
                 # While a crash shrinks, every candidate runs on a fresh engine process.
-                refused_before, swaps_before = self._swaps_refused, eng.swaps
+                refused_before, swaps_before = eng.swaps_refused, eng.swaps
                 runs = self._run(cases, alphas, next_seed(), speculation=speculation, fresh=bool(crash_first))
                 if not opening:
                     opening.append(eng.seconds["start"] - starts_before)
-                if self._swaps_refused > refused_before:
+                if eng.swaps_refused > refused_before:
                     refused_in_row[0] += 1
                 elif eng.swaps > swaps_before:
                     refused_in_row[0] = 0

@@ -233,7 +233,7 @@ def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int 
     """Draft an upstream issue for a corpus entry: ISSUE.md, plot.png and a standalone repro.py."""
     from specfuzz.cli_input import read_entry_file
     from specfuzz.fuzz.draft import DraftError, draft_entry, resolve_entry
-    from specfuzz.fuzz.draft.verify import cause_note, verify_draft
+    from specfuzz.fuzz.draft.verify import summary, verify_draft
 
     try:
         path = resolve_entry(entry, corpus_dir)
@@ -264,7 +264,7 @@ def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int 
     if verify:
         console.print(f"verifying: running {result.files[-1]} on the installed engine ...", highlight=False)
         v = verify_draft(out, timeout_s=verify_timeout)
-        console.print(f"repro.py: {v.outcome} in {v.seconds:.0f} s ({v.engine_line or 'no engine line'}){cause_note(v)}; "
+        console.print(f"repro.py: {summary(v)}; "
                       f"recorded in {out / 'ISSUE.md'}", highlight=False)
 
 

@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specfuzz.fuzz.corpus import numbers_out  # standard library only, as this module (a crash's cause as recorded)
+
 # Default time a repro may run (engine start included).
 DEFAULT_TIMEOUT_S = 900.0
 # Lines of the repro's output kept in ISSUE.md.
@@ -85,12 +87,6 @@ def _engine_line(stdout: str) -> str:
         if ln.startswith("engine: "):
             return ln.strip()
     return ""
-
-
-def numbers_out(text: str) -> str:
-    """``text`` on one line with every (signed) number replaced by ``#`` (as the corpus records a
-    crash's cause: specfuzz.fuzz.corpus.numbers_out, repeated here to keep this module standalone)."""
-    return re.sub(r"-?[0-9]+", "#", " ".join(str(text).split()))
 
 
 def recorded_cause(repro: Path) -> str | None:
@@ -173,11 +169,13 @@ def run_repro(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: 
                         cause_line(cause, err, out) if cause else None)
 
 
-def cause_note(v: Verification) -> str:
-    """"" where no crash cause was recorded; else whether this FAIL's output named it again."""
-    if not v.cause or v.outcome != "FAIL":
-        return ""
-    return "; the recorded crash named again" if v.cause_line else "; the recorded crash NOT named in its output"
+def summary(v: Verification) -> str:
+    """One line: the outcome, its seconds, the engine line and, for a crash repro holding
+    ``CRASH_CAUSE`` that printed FAIL, whether its output named that crash again."""
+    line = f"{v.outcome} in {v.seconds:.0f} s ({v.engine_line or 'no engine line'})"
+    if v.cause and v.outcome == "FAIL":
+        line += "; the recorded crash named again" if v.cause_line else "; the recorded crash NOT named in its output"
+    return line
 
 
 def section(v: Verification, scrub=None) -> str:
@@ -263,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         v = verify_draft(d, timeout_s=args.timeout)
         results[d.name] = v.to_json()
-        print(f"{d.name}: {v.outcome} in {v.seconds:.0f} s ({v.engine_line or 'no engine line'}){cause_note(v)}", flush=True)
+        print(f"{d.name}: {summary(v)}", flush=True)
         if args.json is not None:
             args.json.write_text(json.dumps(results, indent=1))
     return 0
