@@ -852,7 +852,7 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
     from specfuzz.cli_input import writable_dir_problem
     from specfuzz.fuzz.corpus import Corpus, atomic_write_json
     from specfuzz.fuzz.run import crash_entry, entry_replay_calls, finding_entry, start_key
-    from specfuzz.fuzz.shrink import entry_family, entry_reproducer, shrink_family
+    from specfuzz.fuzz.shrink import entry_family, entry_reproducer, seen_tokens, shrink_family
     from specfuzz.fuzz.triage import entry_dtype, entry_settings
 
     entry = read_entry_file(entry_path, "ENTRY")
@@ -900,7 +900,8 @@ def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_di
         grouped = None if entry.kind == "crash" else (
             lambda f: start_key(f[0], speculation=speculating, family=f[1:]))
         res = shrink_family(family, repro, budget_s=budget_s, log=lambda m: console.print(f"  {m}"),
-                            speculation=speculating, start_key=grouped)
+                            speculation=speculating, start_key=grouped,
+                            seen=seen_tokens(first))
         if res.last_run is None:
             res.last_run = first
         console.print(f"{res.kept} reductions kept of {res.tried} tried in {res.seconds:.0f} s"

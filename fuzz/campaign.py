@@ -1250,7 +1250,7 @@ class Campaign:
         reduction was kept or the reduced case did not confirm with the same attribution.
         ``known_check``: a kept speculation failure that is a stored finding (:meth:`_shrunk_known`)
         is not confirmed afresh: (None, None, None, shrink result)."""
-        from specfuzz.fuzz.shrink import entry_reproducer, shrink
+        from specfuzz.fuzz.shrink import entry_reproducer, seen_tokens, shrink
 
         entry, eng = self._entry_for(run), self.engine
         if not speculation and not self.cfg.calibration_only:
@@ -1290,7 +1290,8 @@ class Campaign:
             return False
         hot = eng.hot_starts
         res = shrink(run.case, repro, budget_s=budget_s, speculation=speculation, prepare=prepare,
-                     start_key=lambda c: start_key(c, speculation=speculation), on_kept=on_kept)
+                     start_key=lambda c: start_key(c, speculation=speculation), on_kept=on_kept,
+                     seen=seen_tokens(run))
         if prepare is not None:
             # the next search's engines, prestarted again (the shrink's prestarts replaced them)
             if eng is self.engine:

@@ -6,8 +6,9 @@ older specfuzz, a Hypothesis shrink that gave up on a slow engine (each candidat
 engine start). Hypothesis cannot resume from a stored case, so this is a greedy
 delta-debugging pass over the case itself: try a smaller candidate, keep it when the
 entry still reproduces, start over from it, until no candidate reproduces or the budget
-ends. Candidates, largest reductions first: drop a vocabulary token (tables, prompt and
-every token id remapped), shorten the prompt, fewer output tokens, smaller K / tree /
+ends. Candidates, largest reductions first: drop vocabulary tokens (tables, prompt and
+every token id remapped; every token a failing run never emitted at once, then one token
+at a time), shorten the prompt, fewer output tokens, smaller K / tree /
 n-gram window, each non-default sampling setting back to its default, no EOS, all-zero
 tables.
 
@@ -97,8 +98,41 @@ def drop_token(case: Case, v: int) -> Case | None:
                             spec=case.spec, draft_table=draft, draft_d2t=d2t))
 
 
-def _vocab_drops(case: Case) -> list[Case | None]:
-    return [drop_token(case, v) for v in reversed(range(case.vocab_size))]
+def drop_tokens(case: Case, vs) -> Case | None:
+    """``case`` without every vocabulary token in ``vs`` (:func:`drop_token` for each, the
+    largest first so that the others keep their ids), or None when any cannot be dropped."""
+    for v in sorted(set(vs), reverse=True):
+        got = drop_token(case, v)
+        if got is None:
+            return None
+        case = got
+    return case
+
+
+def seen_tokens(run) -> frozenset[int] | None:
+    """The token ids a failing run emitted (every output it counted), or None for a run with
+    no verdict (a crash: what it emitted before crashing says nothing about the crash)."""
+    if getattr(run, "judgement", None) is None or not getattr(run, "counts", None):
+        return None
+    return frozenset(t for out in run.counts for t in out)
+
+
+def _vocab_drops(case: Case, seen: frozenset[int] | None = None) -> list[Case | None]:
+    """One vocabulary token dropped, the last first. With ``seen`` (the tokens the failing run
+    emitted): first every droppable token it never emitted, at once (keeping 2 tokens at
+    least), then those tokens one by one, then the others. A smaller vocabulary needs an engine
+    start (fuzz/run.py start_key): on SGLang on the H200 (2026-12-04 to -06) 37 of the 84
+    starts of 41 greedy shrinks were kept reductions of one token each (V 6 -> 5 -> 4 -> 3),
+    ~35 s a start; a token the failure's samples never show is seldom what it needs."""
+    V = case.vocab_size
+    singles = {v: drop_token(case, v) for v in reversed(range(V))}
+    if seen is None:
+        return list(singles.values())
+    unseen = [v for v, c in singles.items() if c is not None and v not in seen]
+    out: list[Case | None] = []
+    if len(unseen) >= 2:
+        out.append(drop_tokens(case, unseen[:V - 2]))  # the largest ids, 2 tokens left at least
+    return out + [singles[v] for v in unseen] + [c for v, c in singles.items() if v not in unseen]
 
 
 def _prompt_cuts(case: Case) -> list[Case | None]:
@@ -153,11 +187,12 @@ def _model_cuts(case: Case, speculation: bool) -> list[Case | None]:
     return out
 
 
-def candidates(case: Case, speculation: bool = True) -> list[Case]:
+def candidates(case: Case, speculation: bool = True, seen: frozenset[int] | None = None) -> list[Case]:
     """Smaller variants of ``case``, largest reductions first (invalid ones left out).
     ``speculation=False`` (a calibration entry, run with speculation off): no candidates
-    that only change the speculation settings or the draft, which such a run ignores."""
-    out = (_vocab_drops(case) + _prompt_cuts(case) + _output_cuts(case) + _spec_cuts(case, speculation)
+    that only change the speculation settings or the draft, which such a run ignores.
+    ``seen``: the tokens the case's failing run emitted (:func:`seen_tokens`; see :func:`_vocab_drops`)."""
+    out = (_vocab_drops(case, seen) + _prompt_cuts(case) + _output_cuts(case) + _spec_cuts(case, speculation)
            + _param_resets(case) + _model_cuts(case, speculation))
     seen: set[str] = {_key(case)}
     uniq = []
@@ -192,16 +227,18 @@ def _one_pattern(family: Family, i: int, case: Case | None) -> Family | None:
     return None if case is None else family[:i] + (case,) + family[i + 1:]
 
 
-def family_candidates(family: Sequence[Case], speculation: bool = True) -> list[Family]:
+def family_candidates(family: Sequence[Case], speculation: bool = True,
+                      seen: frozenset[int] | None = None) -> list[Family]:
     """Smaller variants of a family of request patterns, largest reductions first: one
     pattern dropped (the last first), then :func:`candidates`' reductions, those of shared
     things applied to every pattern at once (a vocabulary token only when no pattern
     references it, every pattern's ids remapped; K, tree, n-gram window; EOS; tables),
     those of one request (prompt, max_tokens, a sampling setting back to its default) to one
-    pattern at a time. A family of one: exactly :func:`candidates`."""
+    pattern at a time. A family of one: exactly :func:`candidates` (``seen`` is used for
+    a family of one only: it holds one pattern's outputs)."""
     fam = tuple(family)
     if len(fam) == 1:
-        return [(c,) for c in candidates(fam[0], speculation)]
+        return [(c,) for c in candidates(fam[0], speculation, seen)]
     n, first = len(fam), fam[0]
     out: list[Family | None] = [fam[:i] + fam[i + 1:] for i in reversed(range(n))]
     for v in reversed(range(first.vocab_size)):
@@ -271,14 +308,15 @@ def shrink(case: Case, reproduces: Callable[[Case], object | None], *, budget_s:
            log: Callable[[str], None] = lambda s: None, speculation: bool = True,
            start_key: Callable[[Case], object] | None = None,
            prepare: Callable[[Case], None] | None = None,
-           on_kept: Callable[[Case, object], bool] | None = None) -> ShrinkResult:
+           on_kept: Callable[[Case, object], bool] | None = None,
+           seen: frozenset[int] | None = None) -> ShrinkResult:
     """Greedy shrinking: ``reproduces(c)`` returns the run (truthy) when ``c`` still shows
     the entry's problem, else None. Stops when no candidate reproduces, at the budget, or
     on KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI): a kill must not throw away
     the reductions already confirmed, so they are the result, marked not minimal.
     ``speculation``: whether the runs speculate (see :func:`candidates`).
-    ``start_key``, ``prepare``, ``on_kept``: see :func:`shrink_family`."""
-    return shrink_family((case,), lambda f: reproduces(f[0]), budget_s=budget_s, log=log, speculation=speculation,
+    ``start_key``, ``prepare``, ``on_kept``, ``seen``: see :func:`shrink_family`."""
+    return shrink_family((case,), lambda f: reproduces(f[0]), budget_s=budget_s, log=log, speculation=speculation, seen=seen,
                          start_key=None if start_key is None else lambda f: start_key(f[0]),
                          prepare=None if prepare is None else lambda f: prepare(f[0]),
                          on_kept=None if on_kept is None else lambda f, run: on_kept(f[0], run))
@@ -288,7 +326,8 @@ def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object 
                   log: Callable[[str], None] = lambda s: None, speculation: bool = True,
                   start_key: Callable[[Family], object] | None = None,
                   prepare: Callable[[Family], None] | None = None,
-                  on_kept: Callable[[Family, object], bool] | None = None) -> ShrinkResult:
+                  on_kept: Callable[[Family, object], bool] | None = None,
+                  seen: frozenset[int] | None = None) -> ShrinkResult:
     """:func:`shrink` for a family of request patterns that crash (or fail) mixed in one
     engine call: ``reproduces(f)`` runs every pattern of ``f`` mixed. Candidates from
     :func:`family_candidates`; the result's ``family`` holds the patterns left, ``case`` the
@@ -304,13 +343,16 @@ def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object 
     called with the first candidate that needs another start before the pass runs those that
     do not, so that the start runs while they do.
     ``on_kept(f, run)``: called after each kept reduction with the family kept and its run;
-    True ends the shrink there (``stopped``), e.g. once the kept case is a known bug."""
+    True ends the shrink there (``stopped``), e.g. once the kept case is a known bug.
+    ``seen``: the tokens the given family's failing run emitted (:func:`seen_tokens`), so that
+    the first pass drops every other token at once (:func:`_vocab_drops`); later passes take
+    them from the kept reduction's run."""
     t0 = time.monotonic()
     fam = tuple(family)
     res = ShrinkResult(fam[0], family=fam)
     tried: set[str] = {family_key(list(fam))}
     try:
-        _greedy(res, reproduces, tried, t0, budget_s, log, speculation, start_key, prepare, on_kept)
+        _greedy(res, reproduces, tried, t0, budget_s, log, speculation, start_key, prepare, on_kept, seen)
     except KeyboardInterrupt:
         res.interrupted = res.budget_exhausted = True
         log(f"interrupted after {res.tried} candidates: keeping the {res.kept} reductions so far")
@@ -333,11 +375,11 @@ def _by_start(cands: list[Family], current: Family, start_key, tried: set[str]) 
 
 
 def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s: float, log, speculation: bool,
-            start_key=None, prepare=None, on_kept=None) -> None:
+            start_key=None, prepare=None, on_kept=None, seen=None) -> None:
     improved = True
     while improved:
         improved = False
-        cands = family_candidates(res.family, speculation)
+        cands = family_candidates(res.family, speculation, seen)
         if start_key is not None:
             cands, ahead = _by_start(cands, res.family, start_key, tried)
             if prepare is not None and ahead is not None:
@@ -361,6 +403,7 @@ def _greedy(res: ShrinkResult, reproduces, tried: set[str], t0: float, budget_s:
                 # leave the last step out of the record, never pair old steps with a new case.
                 res.family, res.case, res.last_run, res.steps, res.kept = cand, cand[0], run, res.steps + [step], res.kept + 1
                 log(f"kept ({res.kept}/{res.tried}): {step}")
+                seen = seen_tokens(run)
                 if on_kept is not None and on_kept(cand, run):
                     res.stopped = True
                     return

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,11 @@ from click.testing import CliRunner
 from specfuzz.case import Case
 from specfuzz.cli import main
 from specfuzz.engines.isolation import EngineCrash
+from specfuzz.fuzz.campaign import family_key
 from specfuzz.fuzz.corpus import Corpus
 from specfuzz.fuzz.run import crash_entry
-from specfuzz.fuzz.shrink import candidates, drop_token, entry_family, family_candidates, shrink, shrink_family
+from specfuzz.fuzz.shrink import (candidates, drop_token, drop_tokens, entry_family, family_candidates, seen_tokens, shrink,
+                                   shrink_family)
 from specfuzz.oracle.params import SamplingParams as SP
 from specfuzz.oracle.speculative import SpecConfig
 
@@ -142,6 +145,75 @@ def test_grouped_by_start_a_pass_restarts_once_per_kind_and_starts_the_next_one_
         # the prepared start is the first other start the pass runs
         others = [k for k in keys if k != keys[0]]
         assert not others or others[0] == log[a][1]
+
+
+T6 = (_rng.integers(-8, 9, (6, 6)) / 4).astype(np.float32)  # [6, 6]
+
+
+def _kept(case: Case, small: Case) -> list[int]:
+    from itertools import combinations
+    for keep in combinations(range(case.vocab_size), small.vocab_size):
+        if np.array_equal(case.target_table[np.ix_(keep, keep)], small.target_table):
+            return list(keep)
+    raise AssertionError("not a vocabulary drop")
+
+
+def test_the_tokens_a_failing_run_never_emitted_are_dropped_together_first_then_one_by_one():
+    """A smaller vocabulary needs an engine start: on SGLang (H200) 37 of 84 greedy-shrink
+    starts were one-token drops (V 6 -> 5 -> 4 -> 3). With the tokens the failing run emitted
+    (``seen``) the first candidate drops every droppable token it never emitted at once (a
+    referenced token stays: the prompt's, a stop id), the next ones those tokens one by one,
+    then the emitted ones; without it, the plain order (the last token first)."""
+    case = Case(T6, (1,), SP(stop_token_ids=(4,)), spec=SpecConfig("ngram", 2, ngram_max=2))
+    seen = frozenset({1, 2})
+    got = candidates(case, seen=seen)
+    first = got[0]
+    assert _kept(case, first) == [1, 2, 4]
+    assert first.prompt == (0,) and first.params.stop_token_ids == (2,)
+    singles = [_kept(case, c) for c in got if c.vocab_size == 5]
+    dropped = [next(v for v in range(6) if v not in k) for k in singles]
+    assert dropped == [5, 3, 0, 2]  # never emitted ones first, the last first
+    plain = [next(v for v in range(6) if v not in _kept(case, c)) for c in candidates(case) if c.vocab_size == 5]
+    assert plain == [5, 3, 2, 0] and all(c.vocab_size >= 5 for c in candidates(case))
+    # at least 2 tokens stay: the largest never-emitted ids go
+    small = Case(T6[:4, :4], (0,), SP())
+    assert _kept(small, candidates(small, seen=frozenset({0}))[0]) == [0, 1]
+    assert drop_tokens(small, [3, 2]).vocab_size == 2 and drop_tokens(small, [0, 3]) is None  # 0: the prompt's
+    # a crash says nothing by what it emitted before crashing; a family of several patterns
+    # takes no one pattern's outputs
+    assert seen_tokens(SimpleNamespace(judgement=None, counts={(0,): 3})) is None
+    assert seen_tokens(SimpleNamespace(judgement=object(), counts={(0, 2): 3, (2,): 1})) == {0, 2}
+    fam = (case, case.with_(prompt=(2,)))
+    assert ([family_key(list(f)) for f in family_candidates(fam, seen=seen)]
+            == [family_key(list(f)) for f in family_candidates(fam)])
+
+
+def test_a_greedy_shrink_given_what_the_failing_run_emitted_restarts_for_fewer_vocabularies():
+    """A failure that needs only the tokens it emits (0 and 1 of 6): given the failing run's
+    outputs (``seen``, and each kept reduction's run's after it) the shrinker goes V 6 -> 2 with
+    one start for a smaller vocabulary; runs that report no outputs get one start per token
+    (6 -> 5 -> 4 -> 3 -> 2). Both end as small."""
+    case = Case(T6, (0,), SP(max_tokens=2, top_k=2), spec=SpecConfig("ngram", 2, ngram_max=2))
+
+    def run_with(seen, outputs):
+        sizes: list[int] = []
+
+        def fails(c):
+            if c.vocab_size < 6 and c.vocab_size not in sizes:
+                sizes.append(c.vocab_size)
+            if not np.any(c.target_table):
+                return None  # (the tables tell which tokens are left)
+            has = _kept(case, c) if c.vocab_size < 6 else list(range(6))
+            ok = {0, 1} <= set(has) and c.params.top_k >= 1
+            return SimpleNamespace(judgement=object(), counts=outputs) if ok else None
+
+        res = shrink(case, fails, budget_s=60, start_key=lambda c: c.vocab_size, seen=seen)
+        return res, sizes
+
+    res, sizes = run_with(frozenset({0, 1}), {(0, 1): 7, (1, 0): 3})
+    plain, plain_sizes = run_with(None, {})
+    assert "V 6 -> 2" in res.steps and res.case.vocab_size == plain.case.vocab_size == 2
+    assert sizes == [2] and plain_sizes == [5, 4, 3, 2], (sizes, plain_sizes)
 
 
 def test_a_budget_of_zero_stops_at_once():
@@ -510,3 +582,55 @@ def test_a_reduction_that_reproduces_on_a_swapped_engine_is_rerun_fresh_unless_t
             got = repro(b)
             assert got is not None and got.failed
             assert eng.swaps == swaps + 1 and eng.starts == starts + more_starts, (fresh_kept, eng.starts, eng.swaps)
+
+
+def test_a_campaign_s_greedy_shrink_drops_every_token_its_failure_never_emitted_in_one_step(tmp_path):
+    """The campaign hands the failing run's outputs to the greedy shrinker: a failure on a real
+    engine (the reference sampler ignoring the temperature) whose tables never let tokens 3-5
+    be emitted loses all three in its first vocabulary step, one start, not one start each."""
+    from specfuzz.fuzz.campaign import Campaign, CampaignConfig
+
+    cfg = CampaignConfig(engine="tests.example_engines:TemperatureBugEngine", budget_s=60, corpus_dir=tmp_path / "c",
+                         methods=("draft_model",), work_dir=tmp_path / "wd", max_samples=2000, max_k=3)
+    camp = Campaign(cfg)
+    table = np.random.default_rng(5).normal(0, 1, (6, 6)).astype(np.float32)
+    table[:, 3:] = -100.0  # never emitted
+    case = Case(table, (0,), SP(temperature=0.3, max_tokens=1), spec=SpecConfig("draft_model", 1),
+                draft_table=np.zeros((6, 6), np.float32))
+    try:
+        camp.search_index = 1
+        camp.shape = camp._shape(1)
+        camp._prestart_due = False
+        run = camp._run([case], [1e-3], 1, speculation=True)[0]
+        assert run.failed and seen_tokens(run) <= {0, 1, 2}
+        small, conf, _, res = camp._greedy_shrink(run, None, None, True, budget_s=120, seed=3)
+        vocab_steps = [s for s in res.steps if s.startswith("V ")]
+        assert vocab_steps and vocab_steps[0] == "V 6 -> 3", res.steps
+        assert small.case.vocab_size <= 3 and conf is not None and conf.failed, res.steps
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def test_shrink_command_drops_every_token_the_stored_finding_never_emitted_in_one_step(tmp_path, monkeypatch):
+    """`specfuzz shrink` hands the entry's first run's outputs to the shrinker: tokens 3-5,
+    which the tables never let the engine emit, go in one vocabulary step."""
+    from specfuzz.engines.isolation import IsolatedEngine
+    from specfuzz.fuzz.run import finding_entry, run_case
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    table = np.random.default_rng(5).normal(0, 1, (6, 6)).astype(np.float32)
+    table[:, 3:] = -100.0
+    case = Case(table, (0,), SP(temperature=0.3, max_tokens=1), spec=SpecConfig("draft_model", 1),
+                draft_table=np.zeros((6, 6), np.float32))
+    with IsolatedEngine("example_engines:TemperatureBugEngine", {}, log_dir=tmp_path / "logs") as eng:
+        run = run_case(eng, case, ckpt_root=tmp_path / "ck", alpha=1e-3, max_samples=2000, seed=1,
+                       profile=eng.capabilities().profile)
+        assert run.failed
+        entry = finding_entry(dict(eng.version()), run, None)
+    path, _ = Corpus(tmp_path / "c").store(entry)
+    r = CliRunner().invoke(main, ["shrink", str(path), "--engine", "example_engines:TemperatureBugEngine",
+                                  "--budget", "2m", "--samples", "2000", "--work-dir", str(tmp_path / "wd")])
+    assert r.exit_code == 0, r.output
+    vocab = [line for line in r.output.splitlines() if "kept (" in line and ": V " in line]
+    assert vocab and vocab[0].endswith("V 6 -> 3"), r.output
