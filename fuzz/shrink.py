@@ -118,21 +118,21 @@ def seen_tokens(run) -> frozenset[int] | None:
 
 
 def _vocab_drops(case: Case, seen: frozenset[int] | None = None) -> list[Case | None]:
-    """One vocabulary token dropped, the last first. With ``seen`` (the tokens the failing run
-    emitted): first every droppable token it never emitted, at once (keeping 2 tokens at
-    least), then those tokens one by one, then the others. A smaller vocabulary needs an engine
-    start (fuzz/run.py start_key): on SGLang on the H200 (2026-12-04 to -06) 37 of the 84
-    starts of 41 greedy shrinks were kept reductions of one token each (V 6 -> 5 -> 4 -> 3),
-    ~35 s a start; a token the failure's samples never show is seldom what it needs."""
+    """Smaller vocabularies: with ``seen`` (the tokens the failing run emitted), first every
+    droppable token it never emitted, at once (2 tokens kept at least: the largest ids go);
+    then one token at a time, the never-emitted ones first, the last first.
+    A smaller vocabulary needs an engine start (fuzz/run.py start_key), while candidates of
+    one size share one (a swap each): on SGLang on the H200 (2026-12-04 to -06) 37 of the 84
+    starts of 41 greedy shrinks were kept drops of one token each (V 6 -> 5 -> 4 -> 3), ~35 s
+    a start. A token the failure's samples never show is seldom what it needs. (Every
+    droppable token at once, whether emitted or not, cost more restarts than it saved in
+    bench/shrink_restarts.py: a failed try is a start, retried after each kept reduction.)"""
     V = case.vocab_size
     singles = {v: drop_token(case, v) for v in reversed(range(V))}
-    if seen is None:
-        return list(singles.values())
-    unseen = [v for v, c in singles.items() if c is not None and v not in seen]
-    out: list[Case | None] = []
-    if len(unseen) >= 2:
-        out.append(drop_tokens(case, unseen[:V - 2]))  # the largest ids, 2 tokens left at least
-    return out + [singles[v] for v in unseen] + [c for v, c in singles.items() if v not in unseen]
+    droppable = [v for v, c in singles.items() if c is not None]
+    unseen = [] if seen is None else [v for v in droppable if v not in seen]
+    out: list[Case | None] = [drop_tokens(case, unseen[:V - 2])] if len(unseen[:V - 2]) >= 2 else []
+    return out + [singles[v] for v in unseen] + [singles[v] for v in droppable if v not in unseen]
 
 
 def _prompt_cuts(case: Case) -> list[Case | None]:

@@ -162,22 +162,23 @@ def test_the_tokens_a_failing_run_never_emitted_are_dropped_together_first_then_
     """A smaller vocabulary needs an engine start: on SGLang (H200) 37 of 84 greedy-shrink
     starts were one-token drops (V 6 -> 5 -> 4 -> 3). With the tokens the failing run emitted
     (``seen``) the first candidate drops every droppable token it never emitted at once (a
-    referenced token stays: the prompt's, a stop id), the next ones those tokens one by one,
-    then the emitted ones; without it, the plain order (the last token first)."""
+    referenced token stays: the prompt's, a stop id), the next ones one token at a time, the
+    never-emitted ones first; without ``seen``, one at a time, the last first."""
     case = Case(T6, (1,), SP(stop_token_ids=(4,)), spec=SpecConfig("ngram", 2, ngram_max=2))
     seen = frozenset({1, 2})
     got = candidates(case, seen=seen)
-    first = got[0]
-    assert _kept(case, first) == [1, 2, 4]
-    assert first.prompt == (0,) and first.params.stop_token_ids == (2,)
+    assert _kept(case, got[0]) == [1, 2, 4] and all(c.vocab_size >= 5 for c in got[1:])
+    assert got[0].prompt == (0,) and got[0].params.stop_token_ids == (2,)
     singles = [_kept(case, c) for c in got if c.vocab_size == 5]
     dropped = [next(v for v in range(6) if v not in k) for k in singles]
     assert dropped == [5, 3, 0, 2]  # never emitted ones first, the last first
-    plain = [next(v for v in range(6) if v not in _kept(case, c)) for c in candidates(case) if c.vocab_size == 5]
-    assert plain == [5, 3, 2, 0] and all(c.vocab_size >= 5 for c in candidates(case))
-    # at least 2 tokens stay: the largest never-emitted ids go
+    plain = candidates(case)
+    assert all(c.vocab_size >= 5 for c in plain)
+    assert [next(v for v in range(6) if v not in _kept(case, c)) for c in plain if c.vocab_size == 5] == [5, 3, 2, 0]
+    # at least 2 tokens stay: the largest ids go; a single never-emitted token: no joint drop
     small = Case(T6[:4, :4], (0,), SP())
     assert _kept(small, candidates(small, seen=frozenset({0}))[0]) == [0, 1]
+    assert candidates(small, seen=frozenset({0, 1, 2}))[0].vocab_size == 3
     assert drop_tokens(small, [3, 2]).vocab_size == 2 and drop_tokens(small, [0, 3]) is None  # 0: the prompt's
     # a crash says nothing by what it emitted before crashing; a family of several patterns
     # takes no one pattern's outputs
@@ -189,10 +190,10 @@ def test_the_tokens_a_failing_run_never_emitted_are_dropped_together_first_then_
 
 
 def test_a_greedy_shrink_given_what_the_failing_run_emitted_restarts_for_fewer_vocabularies():
-    """A failure that needs only the tokens it emits (0 and 1 of 6): given the failing run's
-    outputs (``seen``, and each kept reduction's run's after it) the shrinker goes V 6 -> 2 with
-    one start for a smaller vocabulary; runs that report no outputs get one start per token
-    (6 -> 5 -> 4 -> 3 -> 2). Both end as small."""
+    """A failure that needs the tokens it emits (0, 1 and 2 of 6): given the failing run's
+    outputs (``seen``, and each kept reduction's run's after it) the shrinker goes V 6 -> 3
+    with one start for a smaller vocabulary (and one more to find V=2 fails); runs that report
+    no outputs drop one token per start (6 -> 5 -> 4 -> 3, and V=2 fails). Both end as small."""
     case = Case(T6, (0,), SP(max_tokens=2, top_k=2), spec=SpecConfig("ngram", 2, ngram_max=2))
 
     def run_with(seen, outputs):
@@ -204,16 +205,16 @@ def test_a_greedy_shrink_given_what_the_failing_run_emitted_restarts_for_fewer_v
             if not np.any(c.target_table):
                 return None  # (the tables tell which tokens are left)
             has = _kept(case, c) if c.vocab_size < 6 else list(range(6))
-            ok = {0, 1} <= set(has) and c.params.top_k >= 1
+            ok = {0, 1, 2} <= set(has) and c.params.top_k >= 1
             return SimpleNamespace(judgement=object(), counts=outputs) if ok else None
 
         res = shrink(case, fails, budget_s=60, start_key=lambda c: c.vocab_size, seen=seen)
         return res, sizes
 
-    res, sizes = run_with(frozenset({0, 1}), {(0, 1): 7, (1, 0): 3})
+    res, sizes = run_with(frozenset({0, 1, 2}), {(0, 1): 7, (2, 0): 3})
     plain, plain_sizes = run_with(None, {})
-    assert "V 6 -> 2" in res.steps and res.case.vocab_size == plain.case.vocab_size == 2
-    assert sizes == [2] and plain_sizes == [5, 4, 3, 2], (sizes, plain_sizes)
+    assert "V 6 -> 3" in res.steps and res.case.vocab_size == plain.case.vocab_size == 3
+    assert sizes == [3, 2] and plain_sizes == [5, 4, 3, 2], (sizes, plain_sizes)
 
 
 def test_a_budget_of_zero_stops_at_once():
