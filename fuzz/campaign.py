@@ -1286,6 +1286,9 @@ class Campaign:
             if (known_check and speculation and getattr(kept, "judgement", None) is not None
                     and self._shrunk_known(kept, "a reduction the greedy shrinker kept")):
                 return True
+            if known_check and not speculation and self._shrunk_known_calibration(
+                    kept, eng, "a reduction the greedy shrinker kept"):
+                return True
             self._prestart_fresh(case, speculation)
             return False
         hot = eng.hot_starts
@@ -1360,12 +1363,44 @@ class Campaign:
             return True
         return False
 
+    def _shrunk_known_calibration(self, run, engine: IsolatedEngine, what: str) -> bool:
+        """Whether a calibration bug being shrunk (Hypothesis's smallest failure, or a reduction
+        the greedy shrinker kept: ``what``, for the log), failing with speculation off on
+        ``engine`` (the speculation-off engine), has exactly the features of a stored calibration
+        entry of this engine (corpus.calibration_key): that target-sampler bug met again, which
+        :meth:`_store_entry` recognises only after the rest of the shrink and the smallest case's
+        fresh confirmation. On the H200 (SGLang, 2026-12-06) two of four greedy shrinks were such
+        calibration bugs: 166 s each, to the shrinking cap, then a fresh confirmation (38-60 s),
+        then "seen again, not stored". The entry is marked seen again (once per run, after a
+        confirmation at the next α_j on ``engine``, as :meth:`_known_calibration` does) and the
+        shrink ends there."""
+        if getattr(run, "judgement", None) is None or not run.failed:
+            return False
+        key = calibration_key(str(self.engine.version().get("name")), run.case.to_json())
+        path = self.calibration_entries.get(key)
+        if path is None or not self._is_stored(path):
+            return False
+        if key not in self.seen_again:
+            if not self._confirm(run, speculation=False, engine=engine)[0].failed:
+                return False
+            self.seen_again.add(key)
+            if self._mark_seen(path):
+                self.stats.findings_updated += 1
+        self.stats.calibration_known += 1
+        self.on_event(f"{what} has the features of {path.name}: that calibration bug seen again, not confirmed "
+                      "afresh or stored", self.stats)
+        return True
+
     def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple | None:
         """What a search found and Hypothesis shrank, through :meth:`_greedy_shrink` for the
         rest of the failure's shrinking cap. Returns (cases, run, conf, j), or None where the
         shrunk failure is a stored speculation finding met again (:meth:`_shrunk_known`)."""
         _, run, conf, j = found
         if conf is None and speculation and self._shrunk_known(run, "Hypothesis's smallest failure"):
+            return None
+        off = self.engine if self.cfg.calibration_only else self._spec_off_engine
+        if not speculation and off is not None and self._shrunk_known_calibration(
+                run, off, "Hypothesis's smallest failure"):
             return None
         spent = time.monotonic() - self._shrink_started if self._shrink_started else 0.0
         # The rest of the failure's shrinking cap, even past the campaign's budget (as

@@ -321,3 +321,45 @@ def test_a_calibration_bug_confirmed_with_speculation_off_is_stored_on_that_conf
     finally:
         for e in camp._engines:
             e.close()
+
+
+def test_a_calibration_bug_s_greedy_shrink_ends_at_the_first_kept_reduction_with_a_stored_entry_s_features(tmp_path):
+    """A calibration bug being shrunk (speculation off, on the speculation-off engine) whose
+    kept reduction has exactly a stored calibration entry's features is that bug met again: the
+    shrink ends there, the entry is seen again after one confirmation on the running engine (no
+    fresh start), nothing is stored. On the H200 two of four greedy shrinks ran 166 s to the
+    shrinking cap, then a fresh confirmation, before storing said "seen again". Hypothesis's
+    smallest failure with exactly those features is not shrunk at all; with no stored entry,
+    the shrink goes on past that reduction."""
+    corpus = tmp_path / "corpus"
+    stored = _store_calibration(corpus, "temperature-bug", _case("draft_model", temperature=0.5))
+    camp = Campaign(CampaignConfig(engine="example_engines:TemperatureBugEngine", corpus_dir=corpus,
+                                   work_dir=tmp_path / "work", budget_s=60))
+    camp._profile = camp.engine.capabilities().profile
+    table = np.array([[1.0, 0.0], [0.0, 0.5]], dtype=np.float32)  # another model than the stored entry's
+    try:
+        big = _case("ngram", temperature=0.5, presence_penalty=0.5).with_(target_table=table)
+        run = camp._run([big], [camp.cfg.screen_alpha], seed=41, speculation=False)[0]
+        assert run.failed
+        camp._spec_off_found = True  # a calibration bug: shrunk with speculation off
+        small, conf, j, res = camp._greedy_shrink(run, None, None, False, budget_s=120, seed=42, known_check=True)
+        assert (small, conf, j) == (None, None, None) and res.stopped, res.steps
+        assert res.steps[-1] == "presence_penalty 0.5 -> 0.0", res.steps
+        assert camp._fresh_engine is None and camp.stats.calibration_known == 1
+        assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+        assert sorted(p.name for p in corpus.glob("*.json")) == [stored.name]
+        # Hypothesis's smallest failure with the stored features: not shrunk
+        same = camp._run([_case("ngram", temperature=0.5).with_(target_table=table)], [camp.cfg.screen_alpha],
+                         seed=43, speculation=False)[0]
+        assert same.failed
+        before = len([ln for ln in (corpus / ".specfuzz" / "events.jsonl").read_text().splitlines() if "greedy shrink" in ln])
+        assert camp._greedy_shrink_found(([same.case], same, None, 0), False) is None
+        after = len([ln for ln in (corpus / ".specfuzz" / "events.jsonl").read_text().splitlines() if "greedy shrink" in ln])
+        assert after == before and camp.stats.calibration_known == 2
+        # no stored entry: the shrink goes on past that reduction
+        camp.calibration_entries.clear()
+        small, conf, j, res = camp._greedy_shrink(run, None, None, False, budget_s=120, seed=44, known_check=True)
+        assert not res.stopped and "presence_penalty 0.5 -> 0.0" in res.steps and conf is not None, res.steps
+    finally:
+        for e in camp._engines:
+            e.close()
