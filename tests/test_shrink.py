@@ -217,6 +217,27 @@ def test_a_greedy_shrink_given_what_the_failing_run_emitted_restarts_for_fewer_v
     assert sizes == [3, 2] and plain_sizes == [5, 4, 3, 2], (sizes, plain_sizes)
 
 
+def test_tokens_a_run_on_zeroed_tables_emits_do_not_undo_what_earlier_failing_runs_never_emitted():
+    """Zeroed tables let a run emit every token. The shrinker keeps the tokens every failing
+    run emitted (ids unchanged), so a shrink that keeps "tables zeroed" first still drops the
+    never-emitted tokens at once: one start for V 6 -> 2, not one per token (on SGLang, H100,
+    2026-12-06: "tables zeroed", then V 6 -> 5 -> 4 -> 3, 158 s)."""
+    case = Case(T6, (0,), SP(max_tokens=2, top_k=2), spec=SpecConfig("ngram", 2, ngram_max=2))
+    sizes: list[int] = []
+
+    def fails(c):
+        if c.vocab_size < 6 and c.vocab_size not in sizes:
+            sizes.append(c.vocab_size)
+        if c.params.top_k < 1:
+            return None
+        emitted = {tuple(range(c.vocab_size)): 1} if not np.any(c.target_table) else {(0, 1): 9}
+        return SimpleNamespace(judgement=object(), counts=emitted)
+
+    res = shrink(case, fails, budget_s=60, start_key=lambda c: c.vocab_size, seen=frozenset({0, 1}))
+    assert res.steps.index("tables zeroed") < res.steps.index("V 6 -> 2"), res.steps
+    assert sizes == [2] and res.case.vocab_size == 2, (sizes, res.steps)
+
+
 def test_a_budget_of_zero_stops_at_once():
     res = shrink(_big_case(), lambda c: c, budget_s=0)
     assert res.budget_exhausted and res.kept == 0
