@@ -15,8 +15,13 @@ Each mode runs in its own Python process (``--mode``) under a timeout: SGLang's
 engine per process, and the results file is rewritten after every mode (a mode that
 hangs or is cut by the overall timeout loses only itself).
 
+``--settings JSON`` starts every mode with those adapter settings (e.g.
+``'{"disable_cuda_graph": false}'``: CUDA graphs, which the adapter turns off), and
+``--tag`` names its rows (``MODE TAG``), so that a run with and without them on one machine
+can share an output file.
+
 Needs CUDA and SGLang. Run: ``python3 bench/bench_engines_sglang.py [--requests 1000]
-[--repeats 2] [--mode-timeout 80] [--out bench/results/engines_sglang_h200.json]``
+[--repeats 2] [--mode-timeout 80] [--settings JSON --tag TAG] [--out bench/results/engines_sglang_h200.json]``
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ class _Replay:
         return self._outs
 
 
-def bench_mode(name: str, n_requests: int, repeats: int) -> dict:
+def bench_mode(name: str, n_requests: int, repeats: int, settings: dict | None = None) -> dict:
     """One mode on one engine in this process: start, adapter vs raw, own work, close."""
     from specfuzz.case import Case
     from specfuzz.engines.base import EngineConfig, Request
@@ -84,7 +89,7 @@ def bench_mode(name: str, n_requests: int, repeats: int) -> dict:
     table = _table()
     spec = _spec(name)
     params = SamplingParams(max_tokens=MAX_TOKENS)  # temperature 1
-    row: dict = {"mode": name}
+    row: dict = {"mode": name, "settings": dict(settings or {})}
     with tempfile.TemporaryDirectory(prefix="specfuzz-bench-sglang-") as tmp:
         draft, d2t = (table if spec is not None and spec.uses_draft_model else None), None
         if name == "eagle3-K3-reduced":
@@ -97,7 +102,7 @@ def bench_mode(name: str, n_requests: int, repeats: int) -> dict:
         import sglang  # noqa: F401  (import time reported separately from start time)
 
         row["import_seconds"] = round(time.perf_counter() - t0, 2)
-        eng = SGLangEngine()
+        eng = SGLangEngine(**(settings or {}))
         t0 = time.perf_counter()
         eng.start(EngineConfig(target_dir=ck.target_dir, draft_dir=ck.draft_dir, speculation=spec, dtype=DTYPE, max_model_len=64))
         row["start_seconds"] = round(time.perf_counter() - t0, 2)
@@ -163,19 +168,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=MODES, action="append", help="mode(s) to run (default: all, each in its own process)")
     ap.add_argument("--mode-timeout", type=float, default=80.0, help="seconds per mode process")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--settings", type=json.loads, default=None, help="adapter settings for every mode (JSON)")
+    ap.add_argument("--tag", default="", help="a suffix for this run's row names (MODE TAG)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:  # one mode, in this process; the row goes to --out
-        row = bench_mode(args.mode[0], args.requests, args.repeats)
+        row = bench_mode(args.mode[0], args.requests, args.repeats, args.settings)
         args.out.write_text(json.dumps(row) + "\n")
         return 0
     results: dict = {"engine": "sglang", "dtype": DTYPE, "requests": args.requests, "max_tokens": MAX_TOKENS,
                      "repeats": args.repeats, "goal_overhead_pct": GOAL_OVERHEAD_PCT, "modes": {}}
+    if args.tag and args.out.exists():  # a tagged run adds its rows to the file's
+        results["modes"] = json.loads(args.out.read_text()).get("modes", {})
     for name in args.mode or MODES:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             row_path = Path(f.name)
         cmd = [sys.executable, __file__, "--child", "--mode", name, "--requests", str(args.requests),
                "--repeats", str(args.repeats), "--out", str(row_path)]
+        if args.settings:
+            cmd += ["--settings", json.dumps(args.settings)]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, timeout=args.mode_timeout)
@@ -189,16 +200,17 @@ def main(argv: list[str] | None = None) -> int:
         row_path.unlink(missing_ok=True)
         row["status"] = status
         row["wall_seconds"] = round(time.perf_counter() - t0, 1)
-        results["modes"][name] = row
+        key = f"{name} {args.tag}" if args.tag else name
+        results["modes"][key] = row
         if "adapter_samples_per_s" in row:
             print(
-                f"sglang {name:14s} start {row['start_seconds']:5.1f} s  adapter {row['adapter_samples_per_s']:8.1f}/s  "
+                f"sglang {key:14s} start {row['start_seconds']:5.1f} s  adapter {row['adapter_samples_per_s']:8.1f}/s  "
                 f"raw {row['raw_samples_per_s']:8.1f}/s  overhead {row['overhead_pct']:+.1f}% "
                 f"(adapter's own work {row['adapter_own_pct_of_raw']:.1f}% of raw)  close {row['close_seconds']:.1f} s",
                 flush=True,
             )
         else:
-            print(f"sglang {name:14s} {status}", flush=True)
+            print(f"sglang {key:14s} {status}", flush=True)
         _write(args.out, results)
     print(f"wrote {args.out}")
     return 0 if all(m.get("status") == "ok" for m in results["modes"].values()) else 1
