@@ -119,7 +119,9 @@ def test_a_prestarted_engine_warms_up_in_the_background_and_a_failed_warm_up_is_
     a, b, bad = _case(rng, 1), _case(rng, 2), _case(rng, 5)  # K=5: its warm-up raises
     with IsolatedEngine(warming, spare=True, log_dir=tmp_path / "logs") as eng:
         eng.start(engine_config(a, tmp_path / "ck"))
-        assert eng.call("warm_ups_here") == 0  # an ordinary start does not warm up
+        assert eng.call("warm_ups_here") == 1  # an ordinary start warms up too, in the foreground
+        assert [e["event"] for e in eng.events] == ["engine warmed up"]
+        eng.events.clear()
         assert eng.prestart(engine_config(b, tmp_path / "ck"))
         _await_prestart(eng, more_s=2.0)  # the start (2 s), then the warm-up (1 s)
         before = eng.seconds["start"]
@@ -137,11 +139,29 @@ def test_a_prestarted_engine_warms_up_in_the_background_and_a_failed_warm_up_is_
         hot_pid = eng._hot["proc"].pid
         eng.start(engine_config(bad, tmp_path / "ck"))  # the warm-up failed: an ordinary start
         assert eng.crashes == 0 and eng.hot_starts == 1 and eng.pid != hot_pid
-        assert [e["event"] for e in eng.events] == ["prestarted engine failed"]
+        # whose own warm-up fails the same way: not a crash either, started again without one
+        assert [e["event"] for e in eng.events] == ["prestarted engine failed", "engine warm-up failed; started again without one"]
         assert eng.events[0]["detail"].startswith("warm-up:") and "K=5" in eng.events[0]["detail"]
         assert "engine fault in its warm-up" in eng.events[0]["log_tail"]  # the child's traceback
+        assert "K=5" in eng.events[1]["detail"] and "engine fault in its warm-up" in eng.events[1]["log_tail"]
+        assert eng.call("warm_ups_here") == 0
         outs = eng.generate([Request(bad.prompt, bad.params, s) for s in range(5)])
         assert {o.token_ids for o in outs} == {_greedy(bad.target_table, 1, 3)}
+
+
+def test_an_ordinary_start_s_warm_up_counts_as_starting_and_a_fresh_start_runs_none(tmp_path):
+    """An engine with a ``warm_up`` (SGLang: the sampler paths it compiles on first use, 82-88 s
+    of a cold H100's first families) runs it after every ordinary start, its seconds counted as
+    starting; a fresh start (a confirmation's) runs none."""
+    warming = "tests.example_engines:WarmingRestartEngine"
+    rng = np.random.default_rng(6)
+    a = _case(rng, 1)
+    with IsolatedEngine(warming, log_dir=tmp_path / "logs") as eng:
+        eng.start(engine_config(a, tmp_path / "ck"))
+        assert eng.call("warm_ups_here") == 1 and eng.seconds["start"] >= 3.0  # 2-s start, 1-s warm-up
+        assert [(e["event"], e["seconds"]) for e in eng.events] == [("engine warmed up", 1.0)]
+        eng.start(engine_config(a, tmp_path / "ck"), fresh=True)
+        assert eng.call("warm_ups_here") == 0 and eng.starts == 2 and len(eng.events) == 1
 
 
 def test_no_prestart_without_spares_swaps_or_a_new_process_per_start(tmp_path):
@@ -453,7 +473,8 @@ def test_a_fresh_start_begun_early_serves_only_a_fresh_start_of_its_own_config(t
         assert (eng.starts, eng.hot_starts) == (2, 0) and eng.prestarted_fresh() == cfg_b
         eng.start(cfg_b2, fresh=True)  # a fresh start of another config: ends it, starts anew
         assert (eng.starts, eng.hot_starts) == (3, 0) and eng.prestarted_fresh() is None
-        assert [e["event"] for e in eng.events] == ["prestarted engine unused"]
+        # (the two ordinary starts ran the engine's warm-up, the fresh one none)
+        assert [e["event"] for e in eng.events] == ["engine warmed up"] * 2 + ["prestarted engine unused"]
         eng.events.clear()
         assert eng.prestart(cfg_b, fresh=True) and eng.prestarts == 2
         hot_pid = eng._hot["proc"].pid
