@@ -206,11 +206,11 @@ def candidates(case: Case, speculation: bool = True, seen: frozenset[int] | None
     ``seen``: the tokens the case's failing run emitted (:func:`seen_tokens`; see :func:`_vocab_drops`)."""
     out = (_vocab_drops(case, seen) + _prompt_cuts(case) + _output_cuts(case) + _spec_cuts(case, speculation)
            + _param_resets(case) + _model_cuts(case, speculation))
-    seen: set[str] = {_key(case)}
+    keys: set[str] = {_key(case)}
     uniq = []
     for c in out:
-        if c is not None and (k := _key(c)) not in seen:
-            seen.add(k)
+        if c is not None and (k := _key(c)) not in keys:
+            keys.add(k)
             uniq.append(c)
     return uniq
 
@@ -357,8 +357,8 @@ def shrink_family(family: Sequence[Case], reproduces: Callable[[Family], object 
     ``on_kept(f, run)``: called after each kept reduction with the family kept and its run;
     True ends the shrink there (``stopped``), e.g. once the kept case is a known bug.
     ``seen``: the tokens the given family's failing run emitted (:func:`seen_tokens`), so that
-    the first pass drops every other token at once (:func:`_vocab_drops`); later passes take
-    them from the kept reduction's run."""
+    the first pass drops every other token at once (:func:`_vocab_drops`); after each kept
+    reduction, the tokens every failing run so far emitted (:func:`_still_seen`)."""
     t0 = time.monotonic()
     fam = tuple(family)
     res = ShrinkResult(fam[0], family=fam)
