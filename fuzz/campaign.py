@@ -1394,7 +1394,8 @@ class Campaign:
     def _greedy_shrink_found(self, found: tuple, speculation: bool) -> tuple | None:
         """What a search found and Hypothesis shrank, through :meth:`_greedy_shrink` for the
         rest of the failure's shrinking cap. Returns (cases, run, conf, j), or None where the
-        shrunk failure is a stored speculation finding met again (:meth:`_shrunk_known`)."""
+        shrunk failure is a stored speculation finding met again (:meth:`_shrunk_known`) or a
+        stored calibration bug met again (:meth:`_shrunk_known_calibration`)."""
         _, run, conf, j = found
         if conf is None and speculation and self._shrunk_known(run, "Hypothesis's smallest failure"):
             return None
