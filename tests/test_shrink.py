@@ -11,6 +11,8 @@ with predicates, on an engine that raises on mixed calls (the command), and in a
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import sys
@@ -150,12 +152,18 @@ def test_grouped_by_start_a_pass_restarts_once_per_kind_and_starts_the_next_one_
 T6 = (_rng.integers(-8, 9, (6, 6)) / 4).astype(np.float32)  # [6, 6]
 
 
-def _kept(case: Case, small: Case) -> list[int]:
-    from itertools import combinations
-    for keep in combinations(range(case.vocab_size), small.vocab_size):
-        if np.array_equal(case.target_table[np.ix_(keep, keep)], small.target_table):
-            return list(keep)
-    raise AssertionError("not a vocabulary drop")
+@functools.cache
+def _shrink_bench():
+    spec = importlib.util.spec_from_file_location("shrink_restarts", TESTS.parent / "bench" / "shrink_restarts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _kept(case: Case, small: Case) -> list[int] | None:
+    """Which of ``case``'s tokens the vocabulary drop ``small`` keeps (bench/shrink_restarts.py's
+    ``kept_tokens``: its rows of the tables; None for zeroed tables)."""
+    return _shrink_bench().kept_tokens(case, small)
 
 
 def test_the_tokens_a_failing_run_never_emitted_are_dropped_together_first_then_one_by_one():
