@@ -1002,17 +1002,29 @@ class Campaign:
             self.stats.finding_checks += 1
             if reduced.crash is not None or not reduced.failed:
                 continue
-            if stored_sig not in self.seen_again:
-                if not self._confirm(reduced, True, engine=self.engine)[0].failed:
-                    continue
-                self.seen_again.add(stored_sig)  # marked once per run, by whichever check meets it first
-                if self._mark_seen(path):
-                    self.stats.findings_updated += 1
+            first = stored_sig not in self.seen_again  # marked once per run, by whichever check meets it first
+            if not self._confirmed_seen_again(stored_sig, path, reduced, True, self.engine):
+                continue
+            if first:
                 self.on_event(f"speculation finding seen again (the candidate fails reduced to its features): {path.name}",
                               self.stats)
             self.stats.findings_known += 1
             return True
         return False
+
+    def _confirmed_seen_again(self, key, path: Path, run: CaseRun, speculation: bool, engine: IsolatedEngine) -> bool:
+        """A stored entry (``path``; ``key`` in :attr:`seen_again`) met again by ``run``: marked
+        seen again once per run, after a confirmation of ``run`` at the next α_j on the running
+        ``engine`` (a known bug is not started afresh). False when that confirmation passes;
+        True when it fails or the entry was marked earlier in this run."""
+        if key in self.seen_again:
+            return True
+        if not self._confirm(run, speculation, engine=engine)[0].failed:
+            return False
+        self.seen_again.add(key)
+        if self._mark_seen(path):
+            self.stats.findings_updated += 1
+        return True
 
     def _known_calibration(self, run: CaseRun, seed: int) -> bool:
         """Whether a speculative candidate is a stored calibration bug met again.
@@ -1046,12 +1058,10 @@ class Campaign:
                 if reduced is None or not reduced.failed:
                     continue
             path = self.calibration_entries[key]
-            if key not in self.seen_again:
-                if not self._confirm(reduced, speculation=False, engine=self._spec_off_engine)[0].failed:
-                    continue
-                self.seen_again.add(key)
-                if self._mark_seen(path):
-                    self.stats.findings_updated += 1
+            first = key not in self.seen_again
+            if not self._confirmed_seen_again(key, path, reduced, False, self._spec_off_engine):
+                continue
+            if first:
                 self.on_event(f"calibration bug seen again (speculation off fails too): {path.name}", self.stats)
             self.stats.calibration_known += 1
             return True
@@ -1380,12 +1390,8 @@ class Campaign:
         path = self.calibration_entries.get(key)
         if path is None or not self._is_stored(path):
             return False
-        if key not in self.seen_again:
-            if not self._confirm(run, speculation=False, engine=engine)[0].failed:
-                return False
-            self.seen_again.add(key)
-            if self._mark_seen(path):
-                self.stats.findings_updated += 1
+        if not self._confirmed_seen_again(key, path, run, False, engine):
+            return False
         self.stats.calibration_known += 1
         self.on_event(f"{what} has the features of {path.name}: that calibration bug seen again, not confirmed "
                       "afresh or stored", self.stats)
