@@ -15,6 +15,14 @@ samples/s is the best call.
 wheel carried in ``.ship_sf``): ``--profile-out`` gets py-spy's raw collapsed stacks and a
 summary of the scheduler process's and the engine host's busiest functions while they
 sample (stacks of SGLang's scheduler event loop and of ``generate``), self and inclusive.
+On an H100 (2026-12-06) that run did not finish within the variant's 240 s and wrote no
+profile (the variant was then run again without py-spy): leave ``--pyspy`` off until that
+is understood.
+
+Results (H100, 2026-12-06, ``bench/results/profile_sglang.json``): adapter defaults 1,742
+samples/s, ``max_running_requests`` 4096 1,392/s, CUDA graphs 1,338/s (best of 4 calls; the
+calls of one engine varied 1.7-7.1 s for the same 3000 requests): neither setting helps, and
+one engine alone samples 2-3x faster than a campaign's workers did on the same machine.
 
 Needs CUDA and SGLang. Run: ``python3 bench/profile_sglang.py [--variant NAME=JSON ...]
 [--mode ngram-K8] [--requests 3000] [--calls 4] [--pyspy] [--out FILE]``.
@@ -82,6 +90,12 @@ def run_variant(name: str, settings: dict, mode: str, n_requests: int, calls: in
     spec = _spec(mode)
     pats = _patterns()
     row: dict = {"variant": name, "settings": settings, "mode": mode, "requests": n_requests}
+    try:
+        import torch
+
+        row["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        row["device"] = "unknown"
     with tempfile.TemporaryDirectory(prefix="specfuzz-profile-sglang-") as tmp:
         draft, d2t = None, None
         if spec is not None and spec.method == "eagle3":
