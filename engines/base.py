@@ -103,6 +103,18 @@ class Capabilities:
     # strategies draw at most one of each pair per request. On the H200 (2026-12-04) SGLang
     # refused 94 drawn requests for that pair in one campaign, each a Hypothesis example lost.
     sampling_exclusive: tuple[frozenset[str], ...] = ()
+    # The engine's implementation each speculation method runs through (method -> a name; a
+    # method not named is its own): methods that share one verify and emit the same way, so a
+    # stored finding of one is checked against candidates of the others (Campaign._known_finding,
+    # with the same symptom required). SGLang 0.5.17 runs STANDALONE, EAGLE and EAGLE3 through
+    # one worker (StandaloneWorkerV2 subclasses EAGLEWorkerV2): on an H100, 2026-12-06, its
+    # "continues past the EOS" bug, stored under STANDALONE, was stored again under EAGLE and
+    # EAGLE3, each after a fresh confirmation and a shrink.
+    spec_paths: Mapping[str, str] = field(default_factory=dict)
+
+    def path_of(self, method: str) -> str:
+        """The engine implementation ``method`` runs through (:attr:`spec_paths`)."""
+        return self.spec_paths.get(method, method)
 
     def honoured(self, speculation: bool) -> frozenset[str]:
         """The SamplingParams fields the engine honours, with speculation on or off."""

@@ -81,7 +81,7 @@ from specfuzz.engines.base import (
 )
 from specfuzz.engines.sglang_mapping import (  # noqa: F401 - re-exported: the adapter's public mapping
     ALGORITHMS, DEFAULT_LOGPROB_TOLERANCE, DTYPES, FLOAT32_LOG_TINY, HEAD_METHODS, MAPPED_SPEC_KEYS, METHODS,
-    NEED_TOKENIZER, NOT_WITH_DETERMINISTIC, SAMPLING_FIELDS, SGLANG_DEFAULTS, SPEC_DEFAULTS, SPEC_KNOBS, SWAPPABLE,
+    NEED_TOKENIZER, NOT_WITH_DETERMINISTIC, SAMPLING_FIELDS, SGLANG_DEFAULTS, SPEC_DEFAULTS, SPEC_KNOBS, SPEC_PATHS, SWAPPABLE,
     compare_rows, completion_from_output, mismatch_summary, row_prompts, sampling_params_dict, speculative_kwargs,
     split_settings,
 )
@@ -259,6 +259,7 @@ class SGLangEngine(Engine):
             spec_defaults={m: dict(v) for m, v in SPEC_DEFAULTS.items() if m in methods},
             # SGLang's ignore_eos also switches stop_token_ids off (sglang_mapping.sampling_params_dict refuses both).
             sampling_exclusive=(frozenset({"ignore_eos", "stop_token_ids"}),),
+            spec_paths={m: SPEC_PATHS[m] for m in methods},
         )
 
     def version(self) -> Mapping[str, str]:

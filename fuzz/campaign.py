@@ -63,6 +63,7 @@ from specfuzz.fuzz.corpus import (
 from specfuzz.fuzz.ledger import AlphaLedger, confirmation_seed
 from specfuzz.fuzz.exampledb import FailuresOnly
 from specfuzz.fuzz.run import DEFAULT_BATCH, CaseRun, crash_entry, engine_config, finding_entry, run_family, start_key
+from specfuzz.fuzz.triage import profile_for, symptom
 from specfuzz.oracle.law import OutputSpaceTooLarge
 from specfuzz.oracle.budget import SCREEN_ALPHA, AlphaSpender
 from specfuzz.strategies import StartShape, case_families, start_shapes
@@ -512,6 +513,10 @@ class Campaign:
         # speculative candidate of that method whose features include a finding's and that
         # fails reduced to them is that finding met again (_known_finding).
         self.finding_entries: dict[tuple[str, str, tuple[str, ...]], tuple[Path, str | None, str]] = {}
+        # Each stored finding's case, counts and profile (by signature), for its symptom
+        # (triage.symptom), computed when a candidate of another method of its engine path needs it.
+        self._finding_evidence: dict[str, tuple[dict, dict, str]] = {}
+        self._finding_symptoms: dict[str, str] = {}
         for path, e in self.corpus.entries():
             if isinstance(e, Entry):
                 self._add_calibration(e, path)
@@ -943,9 +948,10 @@ class Campaign:
             self._spec_off_engine = self._new_engine()
         return self._run([case], [alpha], seed, speculation=False, engine=self._spec_off_engine)[0]
 
-    def _mark_seen(self, path: Path) -> bool:
-        """Mark the stored entry at ``path`` seen again (a Ray engine actor asks the driver)."""
-        return mark_seen_again(path)
+    def _mark_seen(self, path: Path, also_under: str | None = None) -> bool:
+        """Mark the stored entry at ``path`` seen again (``also_under``: the speculation method it
+        was met under, when not its own; a Ray engine actor asks the driver)."""
+        return mark_seen_again(path, also_under)
 
     def _add_calibration(self, entry: Entry, path: Path) -> None:
         if entry.kind == "calibration":
@@ -956,23 +962,31 @@ class Campaign:
         if entry.kind == "finding" and method:
             key = (str(entry.engine.get("name")), str(method), tuple(active_features(entry.case)))
             self.finding_entries.setdefault(key, (path, entry.label, entry.signature))
+            self._finding_evidence.setdefault(entry.signature, (entry.case, dict(entry.counts), profile_for(entry)))
 
     def _known_finding(self, run: CaseRun, seed: int) -> bool:
         """Whether a speculative candidate is a stored speculation finding met again under more
-        sampling settings.
+        sampling settings, or under another method of the same engine path.
 
-        A stored finding of this engine and speculation method whose sampling features are the
-        candidate's, or some of them (and whose attribution does not differ from the
-        candidate's where both are attributed): the candidate reduced to those features (the
-        others back at their defaults: the case the stored bug is met on, with this table,
-        prompt and speculation config) runs on the running engine at the screening level. If
-        it fails, the candidate is that finding met again: the entry is marked seen again (once
-        per run, after a confirmation at the next α_j on the same engine, as any known bug)
-        and the candidate is not confirmed afresh, shrunk or stored as a variant. (On the H200,
-        2026-12-03, SGLang's STANDALONE bug with min_p and a frequency penalty was stored, then
-        confirmed again with a presence penalty too, its shrink cut short by the run's end.)
-        The stored bug masks a second one only while the stored one is not fixed: a variant
-        whose reduction passes goes on as any candidate.
+        A stored finding of this engine whose method is the candidate's, or another method the
+        engine runs through the same implementation (``Capabilities.spec_paths``), whose
+        sampling features are the candidate's, or some of them (and whose attribution does not
+        differ from the candidate's where both are attributed): the candidate reduced to those
+        features (the others back at their defaults: the case the stored bug is met on, with
+        this table, prompt and speculation config) runs on the running engine at the screening
+        level. If it fails (under another method, with the stored finding's symptom too:
+        ``triage.symptom``, past the end, another impossible output, or frequencies only), the
+        candidate is that finding met again: the entry is marked seen again (once per run and
+        method, after a confirmation at the next α_j on the same engine, as any known bug; the
+        other method is recorded in its ``extra.also_seen_under``) and the candidate is not
+        confirmed afresh, shrunk or stored as a variant. (On the H200, 2026-12-03, SGLang's
+        STANDALONE bug with min_p and a frequency penalty was stored, then confirmed again with
+        a presence penalty too, its shrink cut short by the run's end. On an H100, 2026-12-06,
+        SGLang's STANDALONE "continues past the EOS" bug was stored again under EAGLE and
+        EAGLE3, which run through the same worker, each after a fresh confirmation and a
+        shrink.) The candidate's own method's findings are tried first. The stored bug masks a
+        second one only while the stored one is not fixed: a variant whose reduction passes, or
+        shows another symptom, goes on as any candidate.
 
         The running engine's state that outlives a request (the prefix cache, SGLang's n-gram
         trie) is reset before the reduced run, as the swap before the candidate's own run reset
@@ -985,11 +999,13 @@ class Campaign:
         if not method or not self.finding_entries:
             return False
         name = str(self.engine.version().get("name"))
+        caps = self.engine.capabilities()
+        engine_path = caps.path_of(method)
         feats = set(active_features(case_json))
         label = attributed_label(run)
-        matches = sorted(((len(k[2]), k) for k in self.finding_entries
-                          if k[0] == name and k[1] == method and set(k[2]) <= feats), reverse=True)
-        for _, key in matches:
+        matches = sorted(((k[1] == method, len(k[2]), k) for k in self.finding_entries
+                          if k[0] == name and caps.path_of(k[1]) == engine_path and set(k[2]) <= feats), reverse=True)
+        for same, _, key in matches:
             path, stored_label, stored_sig = self.finding_entries[key]
             if label not in (None, "unknown") and stored_label not in (None, "unknown") and label != stored_label:
                 continue
@@ -1002,27 +1018,46 @@ class Campaign:
             self.stats.finding_checks += 1
             if reduced.crash is not None or not reduced.failed:
                 continue
-            first = stored_sig not in self.seen_again  # marked once per run, by whichever check meets it first
-            if not self._confirmed_seen_again(stored_sig, path, reduced, True, self.engine):
+            shown = None
+            if not same:
+                shown = symptom(reduced.case.to_json(), reduced.counts, self._profile or caps.profile)
+                if shown != self._stored_symptom(stored_sig):
+                    continue
+            seen_key = stored_sig if same else f"{stored_sig} under {method}"
+            first = seen_key not in self.seen_again  # marked once per run, by whichever check meets it first
+            if not self._confirmed_seen_again(seen_key, path, reduced, True, self.engine, None if same else method):
                 continue
             if first:
-                self.on_event(f"speculation finding seen again (the candidate fails reduced to its features): {path.name}",
+                how = "" if same else f" under {method} (stored under {key[1]}; one engine path, {engine_path}; symptom: {shown})"
+                self.on_event(f"speculation finding seen again{how} (the candidate fails reduced to its features): {path.name}",
                               self.stats)
             self.stats.findings_known += 1
             return True
         return False
 
-    def _confirmed_seen_again(self, key, path: Path, run: CaseRun, speculation: bool, engine: IsolatedEngine) -> bool:
+    def _stored_symptom(self, signature: str) -> str | None:
+        """The symptom (triage.symptom) of the stored finding ``signature``'s counts, once per run."""
+        if signature not in self._finding_symptoms:
+            evidence = self._finding_evidence.get(signature)
+            try:
+                self._finding_symptoms[signature] = None if evidence is None else symptom(*evidence)
+            except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError, KeyError):
+                self._finding_symptoms[signature] = None
+        return self._finding_symptoms[signature]
+
+    def _confirmed_seen_again(self, key, path: Path, run: CaseRun, speculation: bool, engine: IsolatedEngine,
+                              also_under: str | None = None) -> bool:
         """A stored entry (``path``; ``key`` in :attr:`seen_again`) met again by ``run``: marked
         seen again once per run, after a confirmation of ``run`` at the next α_j on the running
-        ``engine`` (a known bug is not started afresh). False when that confirmation passes;
-        True when it fails or the entry was marked earlier in this run."""
+        ``engine`` (a known bug is not started afresh); ``also_under``: the speculation method
+        it was met under, when not its own (recorded with the entry). False when that
+        confirmation passes; True when it fails or the entry was marked earlier in this run."""
         if key in self.seen_again:
             return True
         if not self._confirm(run, speculation, engine=engine)[0].failed:
             return False
         self.seen_again.add(key)
-        if self._mark_seen(path):
+        if self._mark_seen(path, also_under):
             self.stats.findings_updated += 1
         return True
 

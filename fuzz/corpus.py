@@ -180,14 +180,18 @@ def calibration_key(engine_name: str, case_json: Mapping) -> tuple[str, tuple[st
     return engine_name, tuple(active_features(case_json))
 
 
-def mark_seen_again(path: Path) -> bool:
+def mark_seen_again(path: Path, also_under: str | None = None) -> bool:
     """Mark the stored entry at ``path`` seen again (last_seen, times_seen; a "fixed" one
-    comes back as "new"); False, and nothing written, when it cannot be read."""
+    comes back as "new"); ``also_under``: the speculation method it was met under, when not
+    its own (kept in ``extra.also_seen_under``, sorted). False, and nothing written, when it
+    cannot be read."""
     try:
         old = Entry.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return False
     old.seen_again(now_iso())
+    if also_under:
+        old.extra["also_seen_under"] = sorted(set(old.extra.get("also_seen_under") or ()) | {also_under})
     atomic_write_json(path, old.to_json())
     return True
 

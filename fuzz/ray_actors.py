@@ -148,10 +148,11 @@ class ActorCampaign(Campaign):
         # empty scratch corpus), asked again before each check, since other actors store too.
         self.calibration_entries = {}
         self.finding_entries = {}
+        self._finding_evidence, self._finding_symptoms = {}, {}
         self._refresh_known_entries()
 
-    def _mark_seen(self, path: Path) -> bool:
-        return bool(_get(self.hub.mark_seen.remote(str(path))))
+    def _mark_seen(self, path: Path, also_under: str | None = None) -> bool:
+        return bool(_get(self.hub.mark_seen.remote(str(path), also_under)))
 
     def _refresh_known_entries(self) -> None:
         """The driver's calibration entries and speculation findings, by their names in its

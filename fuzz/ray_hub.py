@@ -207,12 +207,13 @@ class CampaignHub:
         path = self._entry_path(name)
         return path is not None and path.is_file()
 
-    def mark_seen(self, name: str) -> bool:
-        """Mark the stored entry ``name`` (relative to the corpus) seen again."""
+    def mark_seen(self, name: str, also_under: str | None = None) -> bool:
+        """Mark the stored entry ``name`` (relative to the corpus) seen again (``also_under``:
+        the method it was met under, when not its own)."""
         from specfuzz.fuzz.corpus import mark_seen_again
 
         path = self._entry_path(name)
-        return path is not None and mark_seen_again(path)
+        return path is not None and mark_seen_again(path, also_under)
 
     def contains(self, which: str, item: str) -> bool:
         return item in self._set(which)

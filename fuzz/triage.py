@@ -402,6 +402,38 @@ def _impossible(x: tuple[int, ...], mu: Mapping | None, law, vocab_size: int) ->
     return not law.is_terminal(x)
 
 
+# What kind of departure from μ a failing run's outputs show (symptom): the known-finding
+# check across methods of one engine path asks for the same one.
+SYMPTOMS = ("past end", "impossible output", "frequencies")
+
+
+def symptom(case_json: Mapping, counts: Mapping, profile: str) -> str:
+    """``"past end"`` when some output goes on after a prefix at which μ ends every output
+    (past an EOS or stop token that stops it, or beyond max_tokens), else ``"impossible
+    output"`` when some output is one μ forbids (a token id outside the vocabulary included),
+    else ``"frequencies"`` (only the frequencies differ)."""
+    from specfuzz.case import Case
+    from specfuzz.oracle.judge import target_law_dict
+
+    case = Case.from_json(dict(case_json))
+    law = case.target_law(profile)
+    v = len(case_json.get("target_table") or [])
+    mu = None
+    impossible = False
+    for x, c in counts.items():
+        if c <= 0:
+            continue
+        x = tuple(int(t) for t in x)
+        valid = next((i for i, t in enumerate(x) if not 0 <= t < v), len(x))  # prefix of ids in [0, V)
+        if any(law.is_terminal(x[:t]) for t in range(1, min(valid + 1, len(x)))):
+            return "past end"
+        if not impossible:
+            if mu is None:
+                mu = target_law_dict(case, profile=profile) or {}
+            impossible = _impossible(x, mu or None, law, v)
+    return "impossible output" if impossible else "frequencies"
+
+
 def analyse(path: Path, entry: Entry, root: Path) -> EntryReport:
     try:
         rel = str(path.relative_to(root))

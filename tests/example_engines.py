@@ -505,3 +505,36 @@ class NamedCrashEngine(TopKCrashEngine):
             print(f"RuntimeError: top-k kernel fault on {len(requests)} requests, total=4096, available=4000 (a line long "
                   "enough that repro.py's CRASH_CAUSE literal spans two lines)", file=sys.stderr, flush=True)
         return super().generate(requests)
+
+
+class PastEndEngine(ReferenceEngine):
+    """With speculation on, goes on past a stop token: an output that ends with one before
+    max_tokens gets one more token (0), as SGLang 0.5.17's EAGLE-family worker continues past
+    an EOS accepted in a draft (corpus/h200/sglang finding-0cd7, -cb68, -ec49). ``shared``:
+    every method runs through one implementation (``Capabilities.spec_paths``), as SGLang's
+    STANDALONE, EAGLE and EAGLE3 do."""
+
+    name = "past-end"
+
+    def __init__(self, shared: bool = True, **kw) -> None:
+        super().__init__(**kw)
+        self.shared = shared
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def capabilities(self):
+        from dataclasses import replace
+
+        caps = super().capabilities()
+        return replace(caps, spec_paths={m: "one verifier" for m in caps.methods} if self.shared else {})
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        from dataclasses import replace
+
+        outs = super().generate(requests)
+        if self._spec is None:
+            return outs
+        return [replace(c, token_ids=tuple(c.token_ids) + (0,), finish_reason="length")
+                if c.finish_reason == "stop" and len(c.token_ids) < r.params.max_tokens else c
+                for r, c in zip(requests, outs)]

@@ -403,3 +403,19 @@ def test_a_repro_draws_enough_samples_to_reach_a_rare_context_again():
     assert default_samples(rare) == RARE_CONTEXT_VISITS * 1000
     common = prepare(Entry.from_json(json.loads((ROOT / "corpus/h200/sglang/finding-8b9042d26fcb0d58.json").read_text())), "common")
     assert default_samples(common) == 1500  # context (0,) in half of 500 samples: 3 x 500
+
+
+def test_the_methods_an_entry_was_met_again_under_are_named_in_its_issue(tmp_path):
+    """extra.also_seen_under (the other methods of the engine's path the campaign met the
+    finding under, Campaign._known_finding) is said in ISSUE.md; without it nothing is."""
+    src = Path(__file__).resolve().parents[1] / "corpus" / "h200" / "sglang" / "finding-0cd766f4252535f9.json"
+    d = json.loads(src.read_text())
+    d["extra"]["also_seen_under"] = ["eagle", "eagle3"]
+    entry = tmp_path / src.name
+    entry.write_text(json.dumps(d))
+    draft_entry(entry, tmp_path / "d")
+    assert "specfuzz met the same failure under `eagle` and `eagle3` too" in (tmp_path / "d" / "ISSUE.md").read_text()
+    del d["extra"]["also_seen_under"]
+    entry.write_text(json.dumps(d))
+    draft_entry(entry, tmp_path / "e")
+    assert "met the same failure" not in (tmp_path / "e" / "ISSUE.md").read_text()

@@ -354,6 +354,30 @@ def test_spec_knobs_reach_sglangs_default_sizes_and_every_default_is_drawable():
         SGLangEngine(swap="target").capabilities()
 
 
+def test_spec_paths_name_the_worker_each_method_runs_through_in_sglangs_source():
+    """Capabilities.spec_paths (the known-finding check across methods): every method named,
+    STANDALONE, EAGLE and EAGLE3 on one worker, NGRAM on its own, as SGLang's source has it
+    (StandaloneWorkerV2 subclasses EAGLEWorkerV2; create_worker returns these classes)."""
+    from specfuzz.engines.sglang_mapping import ALGORITHMS, SPEC_PATHS
+
+    caps = SGLangEngine().capabilities()
+    assert set(caps.spec_paths) == set(caps.methods)
+    assert {caps.path_of(m) for m in ("draft_model", "eagle_tree", "eagle", "eagle3")} == {"EAGLEWorkerV2"}
+    assert caps.path_of("ngram") == caps.path_of("ngram_tree") != caps.path_of("eagle")
+    spec_dir = SGLANG_SITE / "sglang/srt/speculative"
+    if not spec_dir.is_dir():
+        pytest.skip(f"SGLang source not found at {SGLANG_SITE} (set SGLANG_SITE)")
+    bases = {}
+    for f in ("eagle_worker_v2.py", "standalone_worker_v2.py", "ngram_worker.py"):
+        for node in ast.parse((spec_dir / f).read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    assert "EAGLEWorkerV2" in bases["StandaloneWorkerV2"] and "NGRAMWorker" in bases
+    create = (spec_dir / "spec_info.py").read_text()
+    assert all(f"return {w}" in create for w in ("EAGLEWorkerV2", "StandaloneWorkerV2", "NGRAMWorker"))
+    assert {ALGORITHMS[m] for m, w in SPEC_PATHS.items() if w == "EAGLEWorkerV2"} == {"STANDALONE", "EAGLE", "EAGLE3"}
+
+
 def test_row_prompts_visit_every_row_once_within_the_context_length():
     for vocab, ctx in [(6, 64), (100, 32), (7, 2), (1, 64)]:
         prompts = row_prompts(vocab, ctx)

@@ -192,6 +192,7 @@ def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_find
     actor = ActorCampaign.__new__(ActorCampaign)  # just its entry tables: no engine, no Ray
     actor.hub = _hub_handle(hub, "known_entries")
     actor.calibration_entries, actor.finding_entries = {}, {}
+    actor._finding_evidence, actor._finding_symptoms = {}, {}
     monkeypatch.setattr("specfuzz.fuzz.ray_actors._get", lambda ref: ref)
     actor._refresh_known_entries()
     assert list(actor.calibration_entries.values()) == [Path(stored.name)]
@@ -199,6 +200,8 @@ def test_the_ray_hub_gives_engine_actors_the_stored_calibration_entries_and_find
         (corpus / name).read_text())["signature"])}
     assert hub.mark_seen(stored.name)
     assert Entry.from_json(json.loads(stored.read_text())).times_seen == 2
+    assert hub.mark_seen(stored.name, "eagle")  # met under another method of its engine path
+    assert Entry.from_json(json.loads(stored.read_text())).extra["also_seen_under"] == ["eagle"]
     assert not hub.mark_seen("../outside.json") and not hub.mark_seen("missing.json")
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from specfuzz.case import Case
 from specfuzz.fuzz.campaign import Campaign, CampaignConfig
 from specfuzz.fuzz.corpus import Corpus, Entry
+from specfuzz.fuzz.triage import symptom
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -214,4 +215,74 @@ def test_a_greedy_shrink_ends_at_the_first_kept_reduction_that_is_a_stored_findi
         assert not res.stopped and res.kept >= 2 and conf is not None and conf.failed, res.steps
     finally:
         for e in camp._engines:
+            e.close()
+
+
+def _past_end_case(method: str, **params) -> Case:
+    return _case(method, **params).with_(eos_token_id=3)
+
+
+def test_a_stored_finding_is_met_again_under_another_method_of_its_engine_path_with_the_same_symptom(tmp_path):
+    """An engine whose methods run through one implementation (Capabilities.spec_paths, as
+    SGLang's STANDALONE, EAGLE and EAGLE3) and that continues past a stop token under every
+    one: the finding stored under draft_model is met again by an ngram candidate with more
+    sampling settings (the same symptom, "past end"), marked seen again with ngram recorded,
+    not confirmed afresh, shrunk or stored. On an H100 (2026-12-06) SGLang's bug of that
+    kind was stored again under EAGLE and EAGLE3, each after a fresh start and a shrink."""
+    corpus = tmp_path / "corpus"
+    camp = _campaign(tmp_path, corpus, engine="example_engines:PastEndEngine")
+    try:
+        found = camp._run([_past_end_case("draft_model")], [camp.cfg.screen_alpha], seed=71)[0]
+        assert found.failed and symptom(found.case.to_json(), found.counts, camp._profile) == "past end"
+        path, new = Corpus(corpus).store(Entry(kind="finding", engine={"name": "past-end"}, case=found.case.to_json(),
+                                               counts=dict(found.counts), evidence="stored by the test"))
+        assert new
+        camp._add_finding(Entry.from_json(json.loads(path.read_text())), path)
+        said: list[str] = []
+        camp.on_event = lambda msg, stats: said.append(msg)
+        run = camp._run([_past_end_case("ngram", temperature=0.9, presence_penalty=0.5)], [camp.cfg.screen_alpha], seed=72)[0]
+        assert run.failed
+        assert camp._known_finding(run, seed=73)
+        stored = Entry.from_json(json.loads(path.read_text()))
+        assert stored.times_seen == 2 and stored.extra["also_seen_under"] == ["ngram"]
+        assert camp.stats.findings_known == 1 and camp.stats.confirmations == 1 and camp._fresh_engine is None
+        assert any("seen again under ngram (stored under draft_model" in m and "symptom: past end" in m for m in said)
+        # met again under ngram in the same run: recognised without another confirmation
+        assert camp._known_finding(run, seed=74) and camp.stats.confirmations == 1
+        assert sorted(p.name for p in corpus.glob("*.json")) == [path.name]
+    finally:
+        for e in camp._engines:
+            e.close()
+
+
+def test_another_method_is_not_the_stored_finding_with_another_symptom_or_engine_path(tmp_path):
+    """A stored finding of another method whose counts show another symptom (an impossible
+    output that is not past the end), or whose method runs through another implementation
+    (no spec_paths), is not the candidate's bug: the candidate goes on as a new one."""
+    corpus = tmp_path / "corpus"
+    camp = _campaign(tmp_path, corpus, engine="example_engines:PastEndEngine")
+    try:
+        other = Entry(kind="finding", engine={"name": "past-end"}, case=_past_end_case("draft_model").to_json(),
+                      counts={(7,): 10}, evidence="stored by the test: a token id outside the vocabulary")
+        path, _ = Corpus(corpus).store(other)
+        camp._add_finding(Entry.from_json(json.loads(path.read_text())), path)
+        run = camp._run([_past_end_case("ngram", temperature=0.9)], [camp.cfg.screen_alpha], seed=81)[0]
+        assert run.failed
+        assert not camp._known_finding(run, seed=82)
+        assert camp.stats.finding_checks == 1 and camp.stats.findings_known == 0 and camp.stats.confirmations == 0
+        assert Entry.from_json(json.loads(path.read_text())).times_seen == 1
+    finally:
+        for e in camp._engines:
+            e.close()
+    split = _campaign(tmp_path / "split", tmp_path / "corpus2", engine="example_engines:PastEndEngine",
+                      engine_kwargs={"shared": False})
+    try:
+        found = split._run([_past_end_case("draft_model")], [split.cfg.screen_alpha], seed=83)[0]
+        path, _ = Corpus(tmp_path / "corpus2").store(Entry(kind="finding", engine={"name": "past-end"},
+                                                           case=found.case.to_json(), counts=dict(found.counts)))
+        split._add_finding(Entry.from_json(json.loads(path.read_text())), path)
+        run = split._run([_past_end_case("ngram", temperature=0.9)], [split.cfg.screen_alpha], seed=84)[0]
+        assert run.failed and not split._known_finding(run, seed=85) and split.stats.finding_checks == 0
+    finally:
+        for e in split._engines:
             e.close()

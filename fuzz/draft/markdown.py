@@ -155,6 +155,12 @@ def _env_rows(engine: Mapping) -> list[tuple[str, str]]:
     return [(k, str(engine[k])) for k in keys]
 
 
+def _join(words: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (each in backticks)."""
+    ws = [f"`{w}`" for w in words]
+    return ws[0] if len(ws) == 1 else ", ".join(ws[:-1]) + " and " + ws[-1]
+
+
 def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, top: int) -> str:
     from specfuzz.oracle.speculative import BUG_CLASSES
 
@@ -187,6 +193,11 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
         if cal:
             L += [f"With speculation off, the same engine agrees with μ ({data.scrub.text(cal.get('evidence', ''))}), "
                   "so the difference comes from speculation.", ""]
+        also = [str(m) for m in (e.extra.get("also_seen_under") or [])]
+        if also:
+            L += [f"specfuzz met the same failure under {_join(also)} too (the same sampling settings fail there with the "
+                  "same kind of departure from μ, and the engine runs those methods through the same implementation), "
+                  "so it was not stored again.", ""]
     # what was measured besides the campaign (extra.observations: follow-up runs, e.g. the same
     # request under another engine setting), each with its date
     obs = [o for o in (e.extra.get("observations") or []) if isinstance(o, Mapping) and o.get("text")]
