@@ -516,7 +516,7 @@ class Campaign:
         # Each stored finding's case, counts and profile (by signature), for its symptom
         # (triage.symptom), computed when a candidate of another method of its engine path needs it.
         self._finding_evidence: dict[str, tuple[dict, dict, str]] = {}
-        self._finding_symptoms: dict[str, str] = {}
+        self._finding_symptoms: dict[str, str | None] = {}
         for path, e in self.corpus.entries():
             if isinstance(e, Entry):
                 self._add_calibration(e, path)
@@ -1020,7 +1020,10 @@ class Campaign:
                 continue
             shown = None
             if not same:
-                shown = symptom(reduced.case.to_json(), reduced.counts, self._profile or caps.profile)
+                try:
+                    shown = symptom(reduced.case.to_json(), reduced.counts, self._profile or caps.profile)
+                except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge, ValueError, TypeError):
+                    continue
                 if shown != self._stored_symptom(stored_sig):
                     continue
             seen_key = stored_sig if same else f"{stored_sig} under {method}"
