@@ -539,17 +539,23 @@ def _rel(path: Path, root: Path) -> str:
 def likely_same_key(entry: Entry) -> tuple | None:
     """What speculation findings met under different methods share when they are likely one
     bug: engine name and version, the sampling features in play (a penalty, min_p, a stop
-    token, ...) and the attributed class. A signature keeps the method apart on purpose (the
-    methods' code paths differ, and a fix of one need not fix the other); this key only groups
-    them for a maintainer reading the corpus (corpus/h200/sglang: four EOS/stop findings with no
-    sampling feature, under eagle, ngram_tree, ngram and draft_model). The features must be
-    equal, not a subset: SGLang's four min_p findings carry different feature sets and stay
-    apart. None for other kinds: a calibration entry already covers every method, a crash is
-    keyed by its message."""
+    token, ...), the attributed class and the symptom (:func:`symptom`: outputs past the end,
+    another impossible output, or frequencies only). A signature keeps the method apart on
+    purpose (the methods' code paths differ, and a fix of one need not fix the other); this
+    key only groups them for a maintainer reading the corpus (corpus/h200/sglang: the
+    past-the-EOS findings with no sampling feature under draft_model, eagle_tree, eagle and
+    eagle3; the symptom keeps NGRAM's dropped tokens after an EOS, frequencies only, apart).
+    The features must be equal, not a subset: SGLang's four min_p findings carry different
+    feature sets and stay apart. None for other kinds: a calibration entry already covers
+    every method, a crash is keyed by its message."""
     if entry.kind != "finding" or not (entry.case.get("spec") or {}).get("method"):
         return None
+    try:
+        shown: str | None = symptom(entry.case, entry.counts, profile_for(entry))
+    except Exception:  # noqa: BLE001 - a case μ cannot be rebuilt for still groups by the rest
+        shown = None
     return (str(entry.engine.get("name")), str(entry.engine.get("version")), tuple(active_features(entry.case)),
-            entry.label or "unknown")
+            entry.label or "unknown", shown)
 
 
 def upstream_of(entry: Entry) -> str | None:

@@ -328,12 +328,16 @@ def test_findings_likely_one_bug_under_several_methods_are_related_in_json_and_c
     other = copy.deepcopy(ngram)  # unattributed, with min_p: its own signature, another key
     other["case"]["params"]["min_p"] = 0.2
     other["attribution"] = None
-    report, sig = _triaged(root, {"finding-draft.json": base, "finding-ngram.json": ngram, "finding-minp.json": other})
-    assert len(set(sig.values())) == 3
+    tree = copy.deepcopy(ngram)  # the same features and class, under a third method, with another symptom
+    tree["case"]["spec"].update(method="ngram_tree")
+    tree["counts"] = [[[0] * (tree["case"]["params"]["max_tokens"] + 1), 5]]  # longer than max_tokens: past the end
+    report, sig = _triaged(root, {"finding-draft.json": base, "finding-ngram.json": ngram, "finding-minp.json": other,
+                                  "finding-tree.json": tree})
+    assert len(set(sig.values())) == 4
     rel = {g.signature: g.related for g in report.groups}
     assert rel[sig["finding-draft.json"]] == [sig["finding-ngram.json"]]
     assert rel[sig["finding-ngram.json"]] == [sig["finding-draft.json"]]
-    assert rel[sig["finding-minp.json"]] == []
+    assert rel[sig["finding-minp.json"]] == [] and rel[sig["finding-tree.json"]] == []
     result = CliRunner().invoke(triage_cmd, [str(root), "--json"])
     data = json.loads(result.output)
     jsonschema.validate(data, SCHEMA, cls=jsonschema.Draft202012Validator)
