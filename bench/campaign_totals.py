@@ -13,6 +13,11 @@ A ``--workers N`` campaign keeps one state file per worker (``state.json``, ``st
 ``--corpus DIR [--before-corpus OLD_DIR]`` reads every one of them (and the same names before the
 run; a worker without one then started fresh) and adds the workers up. Families per minute are
 then over the campaign's wall time (the longest worker's), the shares over every worker's seconds.
+It also adds ``roles``: the run's family records (``families.jsonl``, the lines after those the
+corpus held before) per role (search, filler, shrink, calibration: speculation-off checks,
+fresh: runs on a freshly started engine), with their samples, engine starts and seconds
+starting, swapping, generating and in all (wall): on an H100,
+2026-12-06, 17 fresh-engine runs took 836 of four workers' 3,163 s.
 """
 
 from __future__ import annotations
@@ -123,6 +128,33 @@ def add_workers(runs: list[dict], label: str) -> dict:
     return out
 
 
+def roles(corpus: Path, before: Path | None) -> dict:
+    """The run's family records (``families.jsonl`` lines after the ``before`` corpus's), per role:
+    records, samples, engine starts (records whose start took over 0.5 s) and seconds."""
+    path = corpus / ".specfuzz" / "families.jsonl"
+    if not path.is_file():
+        return {}
+    skip = 0
+    if before is not None and (before / ".specfuzz" / "families.jsonl").is_file():
+        skip = len((before / ".specfuzz" / "families.jsonl").read_text().splitlines())
+    out: dict = {}
+    for line in path.read_text().splitlines()[skip:]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        r = out.setdefault(str(rec.get("role", "?")), {"records": 0, "samples": 0, "starts": 0, "start_s": 0.0, "swap_s": 0.0,
+                                                       "generate_s": 0.0, "wall_s": 0.0})
+        secs = rec.get("seconds") or {}
+        r["records"] += 1
+        r["samples"] += int(rec.get("samples") or 0)
+        r["starts"] += int(float(secs.get("start", 0.0)) > 0.5)
+        for k in ("start", "swap", "generate"):
+            r[f"{k}_s"] = round(r[f"{k}_s"] + float(secs.get(k, 0.0)), 1)
+        r["wall_s"] = round(r["wall_s"] + float(rec.get("wall_s") or 0.0), 1)
+    return out
+
+
 def _states(corpus: Path) -> dict[str, dict]:
     d = corpus / ".specfuzz"
     paths = sorted(d.glob("state*.json"), key=lambda p: (p.name != "state.json", len(p.name), p.name))  # worker 0 first
@@ -153,6 +185,7 @@ def main(argv=None) -> int:
         run = runs[0] if len(runs) == 1 else add_workers(runs, a.label)
         if len(runs) > 1:
             run["per_worker"] = runs
+        run["roles"] = roles(a.corpus, a.before_corpus)
     else:
         state = json.loads(a.state.read_text())
         before = json.loads(a.before.read_text()) if a.before else None

@@ -253,6 +253,10 @@ def test_campaign_totals_add_up_the_workers_of_one_campaign(tmp_path):
     old.mkdir(parents=True), new.mkdir(parents=True)
     (old / "state.json").write_text(json.dumps(state(4, 30.0, 30.0, {"K=2": 4})))
     (new / "state.json").write_text(json.dumps(state(10, 60.0, 60.0, {"K=2": 10})))  # this run: 6 families in 60 s
+    fam = {"role": "search", "samples": 1000, "seconds": {"start": 0.0, "swap": 0.1, "generate": 1.5}, "wall_s": 2.0}
+    (old / "families.jsonl").write_text(json.dumps(fam) + "\n")  # before the run: not counted
+    fresh = {**fam, "role": "fresh", "seconds": {"start": 30.0, "generate": 2.0}, "wall_s": 33.0}
+    (new / "families.jsonl").write_text("".join(json.dumps(x) + "\n" for x in (fam, fam, fam, fresh)))
     (new / "state-w1.json").write_text(json.dumps(state(9, 20.0, 40.0, {"engine default": 9})))  # fresh: 9 in 60 s
     for d in (old, new):  # left by an earlier run of three workers: did not run this time
         (d / "state-w2.json").write_text(json.dumps(state(5, 10.0, 10.0, {"K=2": 5})))
@@ -262,6 +266,10 @@ def test_campaign_totals_add_up_the_workers_of_one_campaign(tmp_path):
     assert run["workers"] == 2 and run["families"] == 15 and run["wall_s"] == 60.0 and run["families_per_min"] == 15.0
     assert run["share"] == {"start": 0.417, "sample": 0.583} and run["per_worker_families_per_min"] == [6.0, 9.0]
     assert run["methods"]["ngram"]["variants"] == {"K=2": 6, "engine default": 9}
+    assert run["roles"] == {"search": {"records": 2, "samples": 2000, "starts": 0, "start_s": 0.0, "swap_s": 0.2, "generate_s": 3.0,
+                                       "wall_s": 4.0},
+                            "fresh": {"records": 1, "samples": 1000, "starts": 1, "start_s": 30.0, "swap_s": 0.0, "generate_s": 2.0,
+                                      "wall_s": 33.0}}
     with pytest.raises(SystemExit):
         ct.main(["--label", "x", "--out", str(out)])  # neither --state nor --corpus
 
