@@ -193,6 +193,7 @@ class Effect:
     stray_ids: bool = False  # some output holds an id outside [0, V)
     source: str = "recomputed"  # "recomputed" from the case, or "stored" (the verdict's) when μ could not be rebuilt
     note: str = ""
+    symptom: str | None = None  # symptom() of the counts: "past end", "impossible output", "frequencies"; None: not computed
 
 
 @dataclass
@@ -254,7 +255,7 @@ class EntryReport:
             "effect": {
                 "n": eff.n, "tv": eff.tv, "worst_token": eff.worst_token, "impossible": eff.impossible,
                 "impossible_example": eff.impossible_example, "stray_ids": eff.stray_ids, "source": eff.source,
-                "note": eff.note,
+                "note": eff.note, "symptom": eff.symptom,
             },
             "evidence": {
                 "log_e": _finite_or_text(v.get("log_e")) if v else None,
@@ -440,6 +441,11 @@ def analyse(path: Path, entry: Entry, root: Path) -> EntryReport:
     except ValueError:
         rel = path.name
     effect = compute_effect(entry)
+    if entry.kind != "crash" and entry.counts:
+        try:
+            effect.symptom = symptom(entry.case, entry.counts, profile_for(entry))
+        except Exception:  # noqa: BLE001 - μ not rebuilt: the effect says so already
+            effect.symptom = None
     return EntryReport(path, rel, entry, effect, suspect_condition(entry, effect))
 
 

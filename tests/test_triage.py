@@ -342,6 +342,8 @@ def test_findings_likely_one_bug_under_several_methods_are_related_in_json_and_c
     data = json.loads(result.output)
     jsonschema.validate(data, SCHEMA, cls=jsonschema.Draft202012Validator)
     assert {g["signature"]: g["related"] for g in data["groups"]} == rel
+    shown = {e["path"]: e["effect"]["symptom"] for g in data["groups"] for e in g["entries"]}
+    assert shown["finding-tree.json"] == "past end" and shown["finding-draft.json"] == shown["finding-ngram.json"] != "past end"
     out = " ".join(CliRunner().invoke(triage_cmd, [str(root)], terminal_width=300).output.split())
     assert "likely one bug (sglang 0.5.17;" in out and sig["finding-draft.json"] in out.split("likely one bug")[1]
     assert sig["finding-minp.json"] not in out.split("likely one bug")[1]
