@@ -377,6 +377,8 @@ def compute_effect(entry: Entry) -> Effect:
         eff.impossible = int(sum(c for _, c in imp))
         if imp:
             eff.impossible_example = list(max(imp, key=lambda xc: xc[1])[0])
+        eff.symptom = ("past end" if any(c > 0 and _past_end(tuple(x), law, v) for x, c in counts.items())
+                       else "impossible output" if eff.impossible > 0 else "frequencies")
         if mu is None:
             eff.note = "μ too large to enumerate: TV not computed"
     except Exception as exc:  # noqa: BLE001 - fall back to what the entry stored
@@ -408,6 +410,12 @@ def _impossible(x: tuple[int, ...], mu: Mapping | None, law, vocab_size: int) ->
 SYMPTOMS = ("past end", "impossible output", "frequencies")
 
 
+def _past_end(x: tuple[int, ...], law, vocab_size: int) -> bool:
+    """Whether output ``x`` goes on after a prefix (of ids in [0, V)) at which μ ends every output."""
+    valid = next((i for i, t in enumerate(x) if not 0 <= t < vocab_size), len(x))
+    return any(law.is_terminal(x[:t]) for t in range(1, min(valid + 1, len(x))))
+
+
 def symptom(case_json: Mapping, counts: Mapping, profile: str) -> str:
     """``"past end"`` when some output goes on after a prefix at which μ ends every output
     (past an EOS or stop token that stops it, or beyond max_tokens), else ``"impossible
@@ -425,8 +433,7 @@ def symptom(case_json: Mapping, counts: Mapping, profile: str) -> str:
         if c <= 0:
             continue
         x = tuple(int(t) for t in x)
-        valid = next((i for i, t in enumerate(x) if not 0 <= t < v), len(x))  # prefix of ids in [0, V)
-        if any(law.is_terminal(x[:t]) for t in range(1, min(valid + 1, len(x)))):
+        if _past_end(x, law, v):
             return "past end"
         if not impossible:
             if mu is None:
@@ -441,11 +448,6 @@ def analyse(path: Path, entry: Entry, root: Path) -> EntryReport:
     except ValueError:
         rel = path.name
     effect = compute_effect(entry)
-    if entry.kind != "crash" and entry.counts:
-        try:
-            effect.symptom = symptom(entry.case, entry.counts, profile_for(entry))
-        except Exception:  # noqa: BLE001 - μ not rebuilt: the effect says so already
-            effect.symptom = None
     return EntryReport(path, rel, entry, effect, suspect_condition(entry, effect))
 
 
@@ -542,11 +544,12 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def likely_same_key(entry: Entry) -> tuple | None:
+def likely_same_key(report: EntryReport) -> tuple | None:
     """What speculation findings met under different methods share when they are likely one
     bug: engine name and version, the sampling features in play (a penalty, min_p, a stop
     token, ...), the attributed class and the symptom (:func:`symptom`: outputs past the end,
-    another impossible output, or frequencies only). A signature keeps the method apart on
+    another impossible output, or frequencies only; the report's ``effect.symptom``, None where
+    μ was not rebuilt or there are no counts). A signature keeps the method apart on
     purpose (the methods' code paths differ, and a fix of one need not fix the other); this
     key only groups them for a maintainer reading the corpus (corpus/h200/sglang: the
     past-the-EOS findings with no sampling feature under draft_model, eagle_tree, eagle and
@@ -554,14 +557,11 @@ def likely_same_key(entry: Entry) -> tuple | None:
     The features must be equal, not a subset: SGLang's four min_p findings carry different
     feature sets and stay apart. None for other kinds: a calibration entry already covers
     every method, a crash is keyed by its message."""
+    entry = report.entry
     if entry.kind != "finding" or not (entry.case.get("spec") or {}).get("method"):
         return None
-    try:
-        shown: str | None = symptom(entry.case, entry.counts, profile_for(entry))
-    except Exception:  # noqa: BLE001 - a case μ cannot be rebuilt for still groups by the rest
-        shown = None
     return (str(entry.engine.get("name")), str(entry.engine.get("version")), tuple(active_features(entry.case)),
-            entry.label or "unknown", shown)
+            entry.label or "unknown", report.effect.symptom)
 
 
 def upstream_of(entry: Entry) -> str | None:
@@ -592,7 +592,7 @@ def group_reports(reports: Iterable[EntryReport]) -> list[Group]:
         groups.setdefault(r.entry.signature, Group(r.entry.signature)).reports.append(r)
     for g in groups.values():
         g.reports.sort(key=lambda r: (r.entry.last_seen, r.rel), reverse=True)
-    related = _peers(groups.values(), lambda g: {likely_same_key(r.entry) for r in g.reports} - {None})
+    related = _peers(groups.values(), lambda g: {likely_same_key(r) for r in g.reports} - {None})
     # Groups whose entries were traced to one upstream issue are one known bug, whatever their
     # kind, method or features (corpus/: vllm#55005 behind findings and crashes of four methods).
     same_upstream = _peers(groups.values(), lambda g: {g.upstream} - {None})
