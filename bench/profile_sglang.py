@@ -166,6 +166,17 @@ def summarize_raw(raw: Path, top: int = 40) -> dict:
             for proc in sorted(totals, key=totals.get, reverse=True)}
 
 
+def _attempt(cmd: list[str], name: str, row_path: Path, timeout: float) -> dict:
+    """Run one variant's process: the row it wrote, or why there is none."""
+    try:
+        p = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"variant": name, "status": f"timed out after {timeout:.0f} s"}
+    if row_path.exists():
+        return json.loads(row_path.read_text())
+    return {"variant": name, "status": f"exit {p.returncode}", "stderr_tail": p.stderr[-1500:]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variant", action="append", default=None, help="NAME=JSON adapter settings (repeatable)")
@@ -206,17 +217,10 @@ def main() -> None:
                 cmd = [spy, "record", "--subprocesses", "--nonblocking", "--rate", "100", "--format", "raw",
                        "-o", str(raw), "--"] + cmd
             t0 = time.perf_counter()
-            try:
-                p = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
-                row = json.loads(row_path.read_text()) if row_path.exists() else {
-                    "variant": name, "status": f"exit {p.returncode}", "stderr_tail": p.stderr[-1500:]}
-            except subprocess.TimeoutExpired:
-                row = {"variant": name, "status": f"timed out after {args.timeout:.0f} s"}
+            row = _attempt(cmd, name, row_path, args.timeout)
             if spy is not None and "samples_per_s" not in row:  # py-spy itself failed (ptrace refused?): without it
                 row_spy = row
-                p = subprocess.run(cmd[cmd.index("--") + 1:], timeout=args.timeout, capture_output=True, text=True)
-                row = json.loads(row_path.read_text()) if row_path.exists() else {
-                    "variant": name, "status": f"exit {p.returncode}", "stderr_tail": p.stderr[-1500:]}
+                row = _attempt(cmd[cmd.index("--") + 1:], name, row_path, args.timeout)
                 row["pyspy_failed"] = row_spy
             row["wall_seconds"] = round(time.perf_counter() - t0, 1)
             if spy is not None:
