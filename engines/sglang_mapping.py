@@ -152,14 +152,15 @@ ALGORITHMS: dict[str, str] = {
     "draft_model": "STANDALONE", "eagle_tree": "STANDALONE",
     "eagle": "EAGLE", "eagle3": "EAGLE3",
 }
-# The worker each method runs through (Capabilities.spec_paths): in 0.5.17
-# (speculative/spec_info.py, SpeculativeAlgorithm.create_worker) EAGLE and EAGLE3 get
-# EAGLEWorkerV2, STANDALONE StandaloneWorkerV2, a subclass of it (standalone_worker_v2.py),
-# NGRAM NGRAMWorker: the first three verify and emit through the same code.
-SPEC_PATHS: dict[str, str] = {
-    "ngram": "NGRAMWorker", "ngram_tree": "NGRAMWorker",
-    "draft_model": "EAGLEWorkerV2", "eagle_tree": "EAGLEWorkerV2", "eagle": "EAGLEWorkerV2", "eagle3": "EAGLEWorkerV2",
+# The worker each algorithm runs through: in 0.5.17 (speculative/spec_info.py,
+# SpeculativeAlgorithm.create_worker) EAGLE and EAGLE3 get EAGLEWorkerV2, STANDALONE
+# StandaloneWorkerV2, a subclass of it (standalone_worker_v2.py), NGRAM NGRAMWorker: the first
+# three verify and emit through the same code, so they share a name here.
+ALGORITHM_WORKERS: dict[str, str] = {
+    "NGRAM": "NGRAMWorker", "STANDALONE": "EAGLEWorkerV2", "EAGLE": "EAGLEWorkerV2", "EAGLE3": "EAGLEWorkerV2",
 }
+# Per method (Capabilities.spec_paths).
+SPEC_PATHS: dict[str, str] = {m: ALGORITHM_WORKERS[a] for m, a in ALGORITHMS.items()}
 # SamplingParams fields SGLang honours with speculation off and no tokenizer.
 SAMPLING_FIELDS: frozenset[str] = frozenset(
     {
