@@ -101,6 +101,22 @@ def test_sglang_repro_maps_sampling_like_the_adapter():
         assert ours == adapter
 
 
+def test_sglang_repro_turns_crash_diagnostics_off_like_the_adapter(monkeypatch):
+    """A crash repro printed FAIL only after SGLang's py-spy dumps and core-dump wait (crash-cc6e,
+    H100: stopped at 215 s first): repro.py runs SGLang with them off, as the adapter does, unless
+    the user's environment sets them; the recorded launch environment still wins."""
+    import specfuzz.fuzz.draft.templates.repro_sglang as tpl
+    from specfuzz.engines.sglang_engine import CRASH_DIAGNOSTICS_OFF
+
+    assert tpl.CRASH_DIAGNOSTICS_OFF == CRASH_DIAGNOSTICS_OFF
+    monkeypatch.setattr(tpl, "LAUNCH", {"env": {"SGLANG_X": "1"}, "inherited_env": {"SGLANG_Y": "2"}})
+    for k in CRASH_DIAGNOSTICS_OFF:
+        monkeypatch.delenv(k, raising=False)
+    assert tpl.launch_environment() == {**CRASH_DIAGNOSTICS_OFF, "SGLANG_X": "1", "SGLANG_Y": "2"}
+    monkeypatch.setenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "1")
+    assert "SGLANG_PYSPY_DUMP_BEFORE_CRASH" not in tpl.launch_environment()
+
+
 @pytest.mark.parametrize("stem", ["finding-f018724b48c4b56c", "h200/sglang/finding-f306d3d9f91e5b44"])
 def test_repro_changes_the_launch_only_when_asked_and_says_so(tmp_path, stem):
     """repro.py --engine-arg / --no-speculation (vLLM and SGLang parts): as found by default; a

@@ -18,6 +18,7 @@ GREEDY_TEMPERATURE_EPS = 1e-5  # temperatures below this are greedy (temperature
 CHECKPOINT_PLACEHOLDERS = ("{target}", "{draft}")  # LAUNCH's names for the checkpoint folders
 SHUTDOWN_TIMEOUT_S = 30.0  # SGLang's shutdown has been seen to hang: wait this long, then move on
 HARD_EXIT = True  # leave without interpreter-exit hooks (SGLang's can hang); the verdict is printed first
+CRASH_DIAGNOSTICS_OFF = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
 def add_engine_arguments(ap):
@@ -25,8 +26,12 @@ def add_engine_arguments(ap):
 
 
 def launch_environment():
-    """The environment the adapter ran SGLang in: its own variables as set, inherited ones unless set here."""
-    env = {k: v for k, v in LAUNCH.get("inherited_env", {}).items() if k not in os.environ}
+    """The environment the adapter ran SGLang in: its own variables as set, inherited ones unless set here.
+    SGLang's crash diagnostics are off unless set here, as the adapter runs it (they change nothing
+    the engine computes): when its scheduler fails, the engine first tries py-spy dumps and waits up
+    to 60 s for CUDA core dumps, which held a crash repro for minutes before it could print FAIL."""
+    env = {k: v for k, v in CRASH_DIAGNOSTICS_OFF.items() if k not in os.environ}
+    env.update({k: v for k, v in LAUNCH.get("inherited_env", {}).items() if k not in os.environ})
     env.update(LAUNCH["env"])
     return env
 
