@@ -868,6 +868,12 @@ class Campaign:
         except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
             return None
 
+    def _needs_restart(self, eng: IsolatedEngine, case: Case, speculation: bool) -> bool:
+        """Whether ``case`` needs ``eng`` to load other tables than it runs (a swap, or a start
+        where the engine refuses swaps); False where the case cannot run (its run says why)."""
+        cfg = self._case_config(case, speculation)
+        return cfg is not None and cfg != eng.running_config
+
     def _prestart_calibration(self, case: Case) -> None:
         """Before a shrunk speculation failure's fresh confirmation: prestart the
         speculation-off engine on its case, which :meth:`_store_failure` then checks with
@@ -1479,6 +1485,8 @@ class Campaign:
         crash_best: list[tuple[list[Case], EngineCrash]] = []
         known_in_row: list[str] = []  # the stored crashes the search's last families met, in a row
         refused_in_row = [0]  # the search's last families whose swap the engine refused, in a row
+        refused_any = [False]  # whether the engine refused a swap of this search's start shape
+        left_to_greedy = [0]  # Hypothesis shrink candidates not run: each would have restarted the engine
         speculation = not self.cfg.calibration_only
         counter = [search_seed * 1_000_003]
 
@@ -1547,6 +1555,16 @@ class Campaign:
                 # Hypothesis's shrink phase had its half of the cap (the greedy shrinker of a
                 # failure gets the rest): every further call ends at once.
                 raise SearchSliceOver
+            if label_of_first and refused_any[0] and self._needs_restart(eng, cases[0], speculation):
+                # Shrinking on a start shape whose swaps the engine refuses: each Hypothesis
+                # candidate with other tables would restart the engine, one after the other
+                # (SGLang, reduced EAGLE-3 draft vocabulary, H100 2026-12-06: 4 starts, 140 s).
+                # Only candidates the running engine serves as it is run; the greedy shrinker
+                # then reduces the tables, its starts prestarted while it tries the last one.
+                if not left_to_greedy[0]:
+                    self._log_event({"event": "shrink candidates needing a restart left to the greedy shrinker"})
+                left_to_greedy[0] += 1
+                reject()
             if simplest is not None and family_key(cases) == simplest:
                 # Every search opens with its simplest example: run it once per campaign.
                 if simplest in self.simplest_run:
@@ -1561,6 +1579,7 @@ class Campaign:
                     opening.append(eng.seconds["start"] - starts_before)
                 if eng.swaps_refused > refused_before:
                     refused_in_row[0] += 1
+                    refused_any[0] = True
                 elif eng.swaps > swaps_before:
                     refused_in_row[0] = 0
             except (AmbiguousSemantics, OutputSpaceTooLarge):
@@ -1703,6 +1722,9 @@ class Campaign:
             pass  # the replay of the minimal example did not fail again; we keep our own record
         except (BudgetExhausted, SearchSliceOver):
             pass
+        if left_to_greedy[0]:
+            self.on_event(f"Hypothesis's shrink left {left_to_greedy[0]} candidates that needed an engine restart "
+                          "to the greedy shrinker", self.stats)
         if crash_best:
             self._extend_watchdog()  # storing a found crash may overrun the budget a little
             fam, crash = crash_best[-1]

@@ -538,3 +538,16 @@ class PastEndEngine(ReferenceEngine):
         return [replace(c, token_ids=tuple(c.token_ids) + (0,), finish_reason="length")
                 if c.finish_reason == "stop" and len(c.token_ids) < r.params.max_tokens else c
                 for r, c in zip(requests, outs)]
+
+
+class RefusingBugEngine(UncataloguedBugEngine):
+    """UncataloguedBugEngine (a speculation bug) refusing every swap, as SGLang refuses one into a
+    reduced EAGLE-3 draft vocabulary: a family with other tables restarts it (in its process, at
+    once), so that a search's failure is shrunk on a start shape whose swaps the engine refuses."""
+
+    name = "refusing-bug"
+
+    def swap(self, config):
+        from specfuzz.engines.base import SwapUnsupported
+
+        raise SwapUnsupported("this engine's only route into the draft also writes the target's lm_head")

@@ -602,3 +602,26 @@ def test_a_candidate_s_fresh_confirmation_is_started_ahead_with_speculation_off_
         assert calls[1] == (calls[0][0], True)
     fresh = camp._fresh_engine
     assert fresh is not None and fresh.hot_starts >= 1, (fresh.starts, fresh.prestarts, fresh.hot_starts)
+
+
+def test_hypothesis_shrink_on_a_shape_whose_swaps_are_refused_runs_no_restarts(tmp_path):
+    """Shrinking a failure on a start shape whose swaps the engine refuses: Hypothesis's
+    candidates with other tables would each restart the engine, one after the other (SGLang,
+    reduced EAGLE-3 draft vocabulary, H100 2026-12-06: 4 starts, 140 s); they are left to the
+    greedy shrinker (its starts prestarted), and the failure is still shrunk and stored."""
+    cfg = CampaignConfig(engine="tests.example_engines:RefusingBugEngine", budget_s=40, corpus_dir=tmp_path / "c",
+                         methods=("draft_model",), work_dir=tmp_path / "wd", max_samples=2000, max_k=3, seed=1,
+                         spare_engines=False, prestart=False, max_findings=1)
+    stats = Campaign(cfg).run()
+    state = tmp_path / "c" / ".specfuzz"
+    fams = [json.loads(x) for x in (state / "families.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+    found = sorted((tmp_path / "c").glob("finding-*.json"))
+    assert found, stats
+    assert any(e["event"] == "shrink candidates needing a restart left to the greedy shrinker" for e in events), \
+        sorted({e["event"] for e in events})
+    # Hypothesis's shrink candidates run as families of the role "shrink" on the search engine:
+    # none of them restarted it (the greedy shrinker's candidates run through its reproducer)
+    shrink = [f for f in fams if f["role"] == "shrink"]
+    assert all(f["seconds"]["start"] == 0.0 for f in shrink), [(f["search"], f["seconds"]) for f in shrink]
+    assert any(e["event"] == "greedy shrink" for e in events)
