@@ -45,6 +45,7 @@ import re
 import signal
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -1523,8 +1524,19 @@ class Campaign:
                 self._shrink_started = time.monotonic()
                 self._shrinking = True
 
+        internal_errors: list[str] = []
+
         def search(cases: list[Case]) -> None:
-            run_example(cases)
+            try:
+                run_example(cases)
+            except (PatternFailed, BudgetExhausted, SearchSliceOver, HypothesisException):
+                raise
+            except Exception:
+                # An error of specfuzz's own search code, not a finding: Hypothesis takes it for a
+                # second bug, and while shrinking it may report the first one instead and end the
+                # shrink without a word (a TypeError did so, 2026-12-06). Logged, then raised as before.
+                internal_errors.append(traceback.format_exc(limit=8))
+                raise
 
         # Each shape keys its own examples in the database (a stored failure is replayed on
         # the shape it was found on).
@@ -1722,6 +1734,10 @@ class Campaign:
             pass  # the replay of the minimal example did not fail again; we keep our own record
         except (BudgetExhausted, SearchSliceOver):
             pass
+        if internal_errors:
+            self._log_event({"event": "search code raised", "errors": len(internal_errors), "traceback": internal_errors[-1]})
+            self.on_event(f"the search's own code raised {len(internal_errors)} times (not a finding; events.jsonl has the "
+                          f"traceback): {internal_errors[-1].strip().splitlines()[-1]}", self.stats)
         if left_to_greedy[0]:
             self.on_event(f"Hypothesis's shrink left {left_to_greedy[0]} candidates that needed an engine restart "
                           "to the greedy shrinker", self.stats)

@@ -625,3 +625,20 @@ def test_hypothesis_shrink_on_a_shape_whose_swaps_are_refused_runs_no_restarts(t
     shrink = [f for f in fams if f["role"] == "shrink"]
     assert all(f["seconds"]["start"] == 0.0 for f in shrink), [(f["search"], f["seconds"]) for f in shrink]
     assert any(e["event"] == "greedy shrink" for e in events)
+
+
+def test_an_error_of_the_search_s_own_code_is_logged_not_swallowed(tmp_path, monkeypatch):
+    """Hypothesis takes an exception of specfuzz's search code for a second bug; while shrinking it
+    may report the first and end the shrink without a word (a TypeError in the refused-swap check
+    did so, 2026-12-06). The campaign logs it (event and traceback) and goes on."""
+    def broken(self, eng, case, speculation):
+        raise TypeError("'EngineConfig' object is not callable")
+
+    monkeypatch.setattr(Campaign, "_needs_restart", broken)
+    cfg = CampaignConfig(engine="tests.example_engines:RefusingBugEngine", budget_s=40, corpus_dir=tmp_path / "c",
+                         methods=("draft_model",), work_dir=tmp_path / "wd", max_samples=2000, max_k=3, seed=1,
+                         spare_engines=False, prestart=False, max_findings=1)
+    Campaign(cfg).run()
+    events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
+    raised = [e for e in events if e["event"] == "search code raised"]
+    assert raised and "TypeError: 'EngineConfig' object is not callable" in raised[0]["traceback"], events
