@@ -111,10 +111,34 @@ class Capabilities:
     # "continues past the EOS" bug, stored under STANDALONE, was stored again under EAGLE and
     # EAGLE3, each after a fresh confirmation and a shrink.
     spec_paths: Mapping[str, str] = field(default_factory=dict)
+    # The code that applies the request's sampling parameters to the target's probabilities when
+    # drafts are verified, per method (method -> a name; a method not named has its own), and the
+    # SamplingParams fields it applies (or would have to): a stored finding whose sampling
+    # features are all among them, one at least, is checked against candidates of every method
+    # verified by the same code, whatever implementation drafts and emits for it (the symptom
+    # still has to match). SGLang 0.5.17 verifies every method's drafts with one function
+    # (eagle_sample, called by EAGLEWorkerV2 and NGRAMWorker), which applies no min_p: on an
+    # H100, 2026-12-06, NGRAM's min_p failure was stored again beside STANDALONE's, EAGLE's and
+    # EAGLE-3's (finding-4074).
+    verify_samplers: Mapping[str, str] = field(default_factory=dict)
+    verify_sampler_features: frozenset[str] = frozenset()
 
     def path_of(self, method: str) -> str:
         """The engine implementation ``method`` runs through (:attr:`spec_paths`)."""
         return self.spec_paths.get(method, method)
+
+    def shared_code(self, method: str, other: str, features: Sequence[str]) -> str | None:
+        """What ``method`` and ``other`` share that a stored finding of ``other`` with sampling
+        ``features`` could be a bug of: their implementation (:attr:`spec_paths`), else, where
+        every feature (one at least) is one the verifier's sampler applies, that sampler
+        (:attr:`verify_samplers`); None: nothing."""
+        if self.path_of(method) == self.path_of(other):
+            return self.path_of(method)
+        sampler = self.verify_samplers.get(method, method)
+        feats = set(features)
+        if feats and feats <= self.verify_sampler_features and sampler == self.verify_samplers.get(other, other):
+            return f"verify sampler {sampler}"
+        return None
 
     def honoured(self, speculation: bool) -> frozenset[str]:
         """The SamplingParams fields the engine honours, with speculation on or off."""

@@ -82,6 +82,7 @@ from specfuzz.engines.base import (
 from specfuzz.engines.sglang_mapping import (  # noqa: F401 - re-exported: the adapter's public mapping
     ALGORITHMS, DEFAULT_LOGPROB_TOLERANCE, DTYPES, FLOAT32_LOG_TINY, HEAD_METHODS, MAPPED_SPEC_KEYS, METHODS,
     NEED_TOKENIZER, NOT_WITH_DETERMINISTIC, SAMPLING_FIELDS, SGLANG_DEFAULTS, SPEC_DEFAULTS, SPEC_KNOBS, SPEC_PATHS, SWAPPABLE,
+    VERIFY_SAMPLER, VERIFY_SAMPLER_FEATURES,
     compare_rows, completion_from_output, mismatch_summary, row_prompts, sampling_params_dict, speculative_kwargs,
     split_settings,
 )
@@ -260,6 +261,8 @@ class SGLangEngine(Engine):
             # SGLang's ignore_eos also switches stop_token_ids off (sglang_mapping.sampling_params_dict refuses both).
             sampling_exclusive=(frozenset({"ignore_eos", "stop_token_ids"}),),
             spec_paths={m: SPEC_PATHS[m] for m in methods},
+            verify_samplers={m: VERIFY_SAMPLER for m in methods},
+            verify_sampler_features=VERIFY_SAMPLER_FEATURES,
         )
 
     def version(self) -> Mapping[str, str]:

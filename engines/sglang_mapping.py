@@ -161,6 +161,15 @@ ALGORITHM_WORKERS: dict[str, str] = {
 }
 # Per method (Capabilities.spec_paths).
 SPEC_PATHS: dict[str, str] = {m: ALGORITHM_WORKERS[a] for m, a in ALGORITHMS.items()}
+# The function every worker above verifies drafts with (speculative/eagle_utils.py, called by
+# eagle_worker_common.py for EAGLEWorkerV2 and by ngram_worker.py): it applies the request's
+# logit_bias, penalties (a relaxed version, its own comment says), temperature, top-k and top-p to
+# the target's logits before accepting drafts, and no min_p. Capabilities.verify_samplers and the
+# SamplingParams fields whose handling in verification is its (verify_sampler_features).
+VERIFY_SAMPLER = "eagle_sample"
+VERIFY_SAMPLER_FEATURES: frozenset[str] = frozenset({
+    "logit_bias", "repetition_penalty", "frequency_penalty", "presence_penalty", "temperature", "top_k", "top_p", "min_p",
+})
 # SamplingParams fields SGLang honours with speculation off and no tokenizer.
 SAMPLING_FIELDS: frozenset[str] = frozenset(
     {

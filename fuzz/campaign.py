@@ -976,7 +976,9 @@ class Campaign:
         sampling settings, or under another method of the same engine path.
 
         A stored finding of this engine whose method is the candidate's, or another method the
-        engine runs through the same implementation (``Capabilities.spec_paths``), whose
+        engine runs through the same implementation (``Capabilities.spec_paths``) or, for a
+        finding whose sampling features are all ones the verifier's sampler applies, verifies
+        with the same sampler (``Capabilities.verify_samplers``, ``shared_code``), whose
         sampling features are the candidate's, or some of them (and whose attribution does not
         differ from the candidate's where both are attributed): the candidate reduced to those
         features (the others back at their defaults: the case the stored bug is met on, with
@@ -1007,12 +1009,12 @@ class Campaign:
             return False
         name = str(self.engine.version().get("name"))
         caps = self.engine.capabilities()
-        engine_path = caps.path_of(method)
         feats = set(active_features(case_json))
         label = attributed_label(run)
-        matches = sorted(((k[1] == method, len(k[2]), k) for k in self.finding_entries
-                          if k[0] == name and caps.path_of(k[1]) == engine_path and set(k[2]) <= feats), reverse=True)
-        for same, _, key in matches:
+        matches = sorted(((k[1] == method, len(k[2]), k, shared) for k in self.finding_entries
+                          if k[0] == name and set(k[2]) <= feats
+                          and (shared := caps.shared_code(method, k[1], k[2])) is not None), reverse=True)
+        for same, _, key, shared in matches:
             path, stored_label, stored_sig = self.finding_entries[key]
             if label not in (None, "unknown") and stored_label not in (None, "unknown") and label != stored_label:
                 continue
@@ -1038,7 +1040,7 @@ class Campaign:
             if not self._confirmed_seen_again(seen_key, path, reduced, True, self.engine, None if same else method):
                 continue
             if first:
-                how = "" if same else f" under {method} (stored under {key[1]}; one engine path, {engine_path}; symptom: {shown})"
+                how = "" if same else f" under {method} (stored under {key[1]}; one engine path, {shared}; symptom: {shown})"
                 self.on_event(f"speculation finding seen again{how} (the candidate fails reduced to its features): {path.name}",
                               self.stats)
             self.stats.findings_known += 1

@@ -551,3 +551,36 @@ class RefusingBugEngine(UncataloguedBugEngine):
         from specfuzz.engines.base import SwapUnsupported
 
         raise SwapUnsupported("this engine's only route into the draft also writes the target's lm_head")
+
+
+class MinPIgnoredEngine(ReferenceEngine):
+    """With speculation on, ignores min_p (samples as if it were 0), as SGLang 0.5.17's
+    verification sampler does under every method (corpus/h200/sglang finding-b2bf, -a413, -dddb,
+    -4074). Each method drafts and emits through its own implementation (no spec_paths), but all
+    verify with one sampler (``Capabilities.verify_samplers``), which applies min_p and the other
+    sampling parameters; ``sampler_features`` replaces the features it names."""
+
+    name = "min-p-ignored"
+
+    def __init__(self, sampler_features: Sequence[str] | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.sampler_features = frozenset(sampler_features if sampler_features is not None else
+                                          ("min_p", "temperature", "top_k", "top_p", "repetition_penalty",
+                                           "frequency_penalty", "presence_penalty", "logit_bias"))
+
+    def version(self):
+        return {**super().version(), "name": self.name}
+
+    def capabilities(self):
+        from dataclasses import replace
+
+        caps = super().capabilities()
+        return replace(caps, spec_paths={}, verify_samplers={m: "one sampler" for m in caps.methods},
+                       verify_sampler_features=self.sampler_features)
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        from dataclasses import replace
+
+        if self._spec is not None:
+            requests = [replace(r, params=replace(r.params, min_p=0.0)) for r in requests]
+        return super().generate(requests)

@@ -378,6 +378,34 @@ def test_spec_paths_name_the_worker_each_method_runs_through_in_sglangs_source()
     assert {ALGORITHMS[m] for m, w in SPEC_PATHS.items() if w == "EAGLEWorkerV2"} == {"STANDALONE", "EAGLE", "EAGLE3"}
 
 
+def test_verify_samplers_name_the_function_every_worker_verifies_with_in_sglangs_source():
+    """Capabilities.verify_samplers: every method's drafts verified by one function, eagle_sample,
+    called by EAGLEWorkerV2's common code and by NGRAMWorker; the features named are the sampling
+    parameters it applies to the target's logits (min_p, which it would have to apply, aside):
+    a stored finding with those features alone is checked across every method."""
+    from specfuzz.engines.sglang_mapping import VERIFY_SAMPLER, VERIFY_SAMPLER_FEATURES
+
+    caps = SGLangEngine().capabilities()
+    assert set(caps.verify_samplers) == set(caps.methods) and set(caps.verify_samplers.values()) == {VERIFY_SAMPLER}
+    assert caps.shared_code("ngram", "eagle", ("min_p",)) == "verify sampler eagle_sample"
+    assert caps.shared_code("ngram", "eagle", ("min_p", "stop_token_ids")) is None  # emitting is the worker's
+    assert caps.shared_code("ngram", "eagle", ()) is None  # drafting is the worker's
+    assert caps.shared_code("eagle3", "draft_model", ("stop_token_ids",)) == "EAGLEWorkerV2"
+    spec_dir = SGLANG_SITE / "sglang/srt/speculative"
+    if not spec_dir.is_dir():
+        pytest.skip(f"SGLang source not found at {SGLANG_SITE} (set SGLANG_SITE)")
+    for f in ("eagle_worker_common.py", "ngram_worker.py"):
+        assert f"= {VERIFY_SAMPLER}(" in (spec_dir / f).read_text(), f
+    tree = ast.parse((spec_dir / "eagle_utils.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == VERIFY_SAMPLER)
+    body = ast.get_source_segment((spec_dir / "eagle_utils.py").read_text(), fn)
+    applied = {"logit_bias": "sampling_info.logit_bias", "penalties": "acc_additive_penalties",
+               "repetition_penalty": "acc_scaling_penalties", "temperature": "sampling_info.temperatures",
+               "top_k": "need_top_k_sampling", "top_p": "need_top_p_sampling"}
+    assert all(v in body for v in applied.values()), [k for k, v in applied.items() if v not in body]
+    assert VERIFY_SAMPLER_FEATURES - {"min_p", "frequency_penalty", "presence_penalty"} <= set(applied)
+
+
 def test_row_prompts_visit_every_row_once_within_the_context_length():
     for vocab, ctx in [(6, 64), (100, 32), (7, 2), (1, 64)]:
         prompts = row_prompts(vocab, ctx)

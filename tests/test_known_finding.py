@@ -286,3 +286,56 @@ def test_another_method_is_not_the_stored_finding_with_another_symptom_or_engine
     finally:
         for e in split._engines:
             e.close()
+
+
+def _store_run(camp: Campaign, corpus: Path, run, name: str) -> Path:
+    path, new = Corpus(corpus).store(Entry(kind="finding", engine={"name": name}, case=run.case.to_json(),
+                                           counts=dict(run.counts), evidence="stored by the test"))
+    assert new
+    camp._add_finding(Entry.from_json(json.loads(path.read_text())), path)
+    return path
+
+
+def test_a_stored_finding_of_the_verify_sampler_s_features_is_met_again_under_every_method_it_verifies(tmp_path):
+    """Methods that draft and emit through implementations of their own but verify with one
+    sampler (Capabilities.verify_samplers: SGLang's eagle_sample verifies NGRAM as well as
+    STANDALONE, EAGLE and EAGLE-3, and applies no min_p): a finding stored under draft_model whose
+    features are all the sampler's (min_p) is met again by an ngram candidate with more settings;
+    one with a feature the sampler does not apply (a stop token: emitting is each worker's) is not
+    checked across methods. On an H100, 2026-12-06, NGRAM's min_p failure was stored again beside
+    the other methods' (finding-4074)."""
+    corpus = tmp_path / "corpus"
+    camp = _campaign(tmp_path, corpus, engine="example_engines:MinPIgnoredEngine")
+    try:
+        found = camp._run([_case("draft_model", min_p=0.5)], [camp.cfg.screen_alpha], seed=91)[0]
+        assert found.failed and symptom(found.case.to_json(), found.counts, camp._profile) == "impossible output"
+        path = _store_run(camp, corpus, found, "min-p-ignored")
+        said: list[str] = []
+        camp.on_event = lambda msg, stats: said.append(msg)
+        run = camp._run([_case("ngram", min_p=0.5, temperature=0.9)], [camp.cfg.screen_alpha], seed=92)[0]
+        assert run.failed and camp._known_finding(run, seed=93)
+        stored = Entry.from_json(json.loads(path.read_text()))
+        assert stored.times_seen == 2 and stored.extra["also_seen_under"] == ["ngram"]
+        assert any("seen again under ngram (stored under draft_model; one engine path, verify sampler one sampler" in m
+                   for m in said), said
+        # a stop token too: not every feature is the sampler's, so no check across methods
+        stop = _case("draft_model", min_p=0.5, stop_token_ids=(2,))
+        _store_run(camp, corpus, camp._run([stop], [camp.cfg.screen_alpha], seed=94)[0], "min-p-ignored")
+        camp.finding_entries = {k: v for k, v in camp.finding_entries.items() if "stop_token_ids" in k[2]}
+        checks = camp.stats.finding_checks
+        cand = camp._run([_case("ngram", min_p=0.5, temperature=0.9, stop_token_ids=(2,))], [camp.cfg.screen_alpha], seed=95)[0]
+        assert cand.failed and not camp._known_finding(cand, seed=96) and camp.stats.finding_checks == checks
+    finally:
+        for e in camp._engines:
+            e.close()
+    # an engine whose sampler does not apply min_p (another verification path for it): no check
+    other = _campaign(tmp_path / "o", tmp_path / "corpus2", engine="example_engines:MinPIgnoredEngine",
+                      engine_kwargs={"sampler_features": ["temperature"]})
+    try:
+        found = other._run([_case("draft_model", min_p=0.5)], [other.cfg.screen_alpha], seed=97)[0]
+        _store_run(other, tmp_path / "corpus2", found, "min-p-ignored")
+        run = other._run([_case("ngram", min_p=0.5, temperature=0.9)], [other.cfg.screen_alpha], seed=98)[0]
+        assert run.failed and not other._known_finding(run, seed=99) and other.stats.finding_checks == 0
+    finally:
+        for e in other._engines:
+            e.close()
