@@ -48,7 +48,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from hypothesis import HealthCheck, Phase, example, given, reject, seed as hyp_seed, settings, target
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -650,12 +650,8 @@ class Campaign:
                     fam = draw_example(self._fill_strategy, seed)
                 except (HypothesisException, IndexError):
                     continue  # (a strategy whose draws this seed all rejected: the wait goes unfilled)
-                try:
-                    cfg = engine_config(fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
-                                        speculation=spec, settings=dict(self.cfg.engine_settings), family=fam)
-                except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
-                    continue
-                if cfg != running and not eng.can_swap(cfg):
+                cfg = self._case_config(fam[0], spec, fam)
+                if cfg is None or (cfg != running and not eng.can_swap(cfg)):
                     continue
                 try:
                     runs = self._run(fam, [self.cfg.screen_alpha] * len(fam), seed, speculation=spec, engine=eng)
@@ -860,19 +856,21 @@ class Campaign:
                 self.on_event(f"prestarting the speculation-off engine of search {pending[0]}", self.stats)
             self._spec_off_hot_search = pending[0]
 
-    def _case_config(self, case: Case, speculation: bool) -> EngineConfig | None:
-        """The engine config that serves ``case`` in this campaign (its tables written), for a
-        start made ahead; None where the case cannot run (the start it would need is not made)."""
+    def _case_config(self, case: Case, speculation: bool, family: Sequence[Case] = ()) -> EngineConfig | None:
+        """The engine config that serves ``case`` (with the rest of its ``family``, as run_family
+        runs them) in this campaign, its tables written; None where the case cannot run (the
+        start it would need is not made)."""
         try:
             return engine_config(case, Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
-                                 speculation=speculation, settings=dict(self.cfg.engine_settings))
+                                 speculation=speculation, settings=dict(self.cfg.engine_settings), family=family)
         except (InvalidInput, AmbiguousSemantics, OutputSpaceTooLarge):
             return None
 
-    def _needs_restart(self, eng: IsolatedEngine, case: Case, speculation: bool) -> bool:
-        """Whether ``case`` needs ``eng`` to load other tables than it runs (a swap, or a start
-        where the engine refuses swaps); False where the case cannot run (its run says why)."""
-        cfg = self._case_config(case, speculation)
+    def _needs_restart(self, eng: IsolatedEngine, family: list[Case], speculation: bool) -> bool:
+        """Whether ``family`` needs ``eng`` to load another config than it runs (other tables or
+        context length: a swap, or a start where the engine refuses swaps); False where the
+        family cannot run (its run says why)."""
+        cfg = self._case_config(family[0], speculation, family)
         return cfg is not None and cfg != eng.running_config
 
     def _prestart_calibration(self, case: Case) -> None:
@@ -1569,7 +1567,7 @@ class Campaign:
                 # Hypothesis's shrink phase had its half of the cap (the greedy shrinker of a
                 # failure gets the rest): every further call ends at once.
                 raise SearchSliceOver
-            if label_of_first and refused_any[0] and self._needs_restart(eng, cases[0], speculation):
+            if label_of_first and refused_any[0] and self._needs_restart(eng, cases, speculation):
                 # Shrinking on a start shape whose swaps the engine refuses: each Hypothesis
                 # candidate with other tables would restart the engine, one after the other
                 # (SGLang, reduced EAGLE-3 draft vocabulary, H100 2026-12-06: 4 starts, 140 s).

@@ -631,7 +631,7 @@ def test_an_error_of_the_search_s_own_code_is_logged_not_swallowed(tmp_path, mon
     """Hypothesis takes an exception of specfuzz's search code for a second bug; while shrinking it
     may report the first and end the shrink without a word (a TypeError in the refused-swap check
     did so, 2026-12-06). The campaign logs it (event and traceback) and goes on."""
-    def broken(self, eng, case, speculation):
+    def broken(self, eng, family, speculation):
         raise TypeError("'EngineConfig' object is not callable")
 
     monkeypatch.setattr(Campaign, "_needs_restart", broken)
@@ -642,3 +642,26 @@ def test_an_error_of_the_search_s_own_code_is_logged_not_swallowed(tmp_path, mon
     events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
     raised = [e for e in events if e["event"] == "search code raised"]
     assert raised and "TypeError: 'EngineConfig' object is not callable" in raised[0]["traceback"], events
+
+
+def test_the_restart_check_of_a_shrink_candidate_sees_its_whole_family(tmp_path):
+    """Campaign._needs_restart computes a candidate family's config as run_family does: the
+    context length holds every pattern's prompt, so a family whose second pattern has a long
+    prompt is served by the engine running it (the first pattern alone would ask for a shorter
+    context, another config: a needless restart refused), and one that needs a longer context
+    than the running engine's is not."""
+    rng = np.random.default_rng(3)
+    short = _case(rng, 2)
+    long = short.with_(prompt=tuple([0, 1] * 40))
+    cfg = CampaignConfig(engine="reference", budget_s=30, corpus_dir=tmp_path / "c", methods=("draft_model",),
+                         work_dir=tmp_path / "wd", max_samples=50)
+    camp = Campaign(cfg)
+    camp._profile = camp.engine.capabilities().profile
+    try:
+        camp._run([short, long], [camp.cfg.screen_alpha] * 2, seed=1)
+        assert not camp._needs_restart(camp.engine, [short, long], True)
+        assert camp._needs_restart(camp.engine, [short], True)  # a 64-token context, not the running 128
+        assert camp._needs_restart(camp.engine, [short, short.with_(prompt=tuple([0, 1] * 70))], True)
+    finally:
+        for e in camp._engines:
+            e.close()
