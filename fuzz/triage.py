@@ -377,8 +377,8 @@ def compute_effect(entry: Entry) -> Effect:
         eff.impossible = int(sum(c for _, c in imp))
         if imp:
             eff.impossible_example = list(max(imp, key=lambda xc: xc[1])[0])
-        eff.symptom = ("past end" if any(c > 0 and _past_end(tuple(x), law, v) for x, c in counts.items())
-                       else "impossible output" if eff.impossible > 0 else "frequencies")
+        forbidden = {tuple(int(t) for t in x) for x, _ in imp}
+        eff.symptom = _classify(counts, law, v, forbidden.__contains__)
         if mu is None:
             eff.note = "μ too large to enumerate: TV not computed"
     except Exception as exc:  # noqa: BLE001 - fall back to what the entry stored
@@ -416,6 +416,15 @@ def _past_end(x: tuple[int, ...], law, vocab_size: int) -> bool:
     return any(law.is_terminal(x[:t]) for t in range(1, min(valid + 1, len(x))))
 
 
+def _classify(counts: Mapping, law, vocab_size: int, impossible) -> str:
+    """The symptom of ``counts`` (see :func:`symptom`): ``impossible(x)`` says whether output
+    ``x`` is one μ forbids, asked only until one is and only where no output is past the end."""
+    shown = [tuple(int(t) for t in x) for x, c in counts.items() if c > 0]
+    if any(_past_end(x, law, vocab_size) for x in shown):
+        return "past end"
+    return "impossible output" if any(impossible(x) for x in shown) else "frequencies"
+
+
 def symptom(case_json: Mapping, counts: Mapping, profile: str) -> str:
     """``"past end"`` when some output goes on after a prefix at which μ ends every output
     (past an EOS or stop token that stops it, or beyond max_tokens), else ``"impossible
@@ -427,19 +436,13 @@ def symptom(case_json: Mapping, counts: Mapping, profile: str) -> str:
     case = Case.from_json(dict(case_json))
     law = case.target_law(profile)
     v = len(case_json.get("target_table") or [])
-    mu = None
-    impossible = False
-    for x, c in counts.items():
-        if c <= 0:
-            continue
-        x = tuple(int(t) for t in x)
-        if _past_end(x, law, v):
-            return "past end"
-        if not impossible:
-            if mu is None:
-                mu = target_law_dict(case, profile=profile) or {}
-            impossible = _impossible(x, mu or None, law, v)
-    return "impossible output" if impossible else "frequencies"
+    mu: list = []  # μ, enumerated once, when an output's possibility is first asked
+
+    def impossible(x: tuple[int, ...]) -> bool:
+        if not mu:
+            mu.append(target_law_dict(case, profile=profile) or None)
+        return _impossible(x, mu[0], law, v)
+    return _classify(counts, law, v, impossible)
 
 
 def analyse(path: Path, entry: Entry, root: Path) -> EntryReport:

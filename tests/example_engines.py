@@ -546,11 +546,7 @@ class RefusingBugEngine(UncataloguedBugEngine):
     once), so that a search's failure is shrunk on a start shape whose swaps the engine refuses."""
 
     name = "refusing-bug"
-
-    def swap(self, config):
-        from specfuzz.engines.base import SwapUnsupported
-
-        raise SwapUnsupported("this engine's only route into the draft also writes the target's lm_head")
+    swap = RefusingRestartEngine.swap
 
 
 class MinPIgnoredEngine(ReferenceEngine):
@@ -558,15 +554,15 @@ class MinPIgnoredEngine(ReferenceEngine):
     verification sampler does under every method (corpus/h200/sglang finding-b2bf, -a413, -dddb,
     -4074). Each method drafts and emits through its own implementation (no spec_paths), but all
     verify with one sampler (``Capabilities.verify_samplers``), which applies min_p and the other
-    sampling parameters; ``sampler_features`` replaces the features it names."""
+    sampling parameters SGLang's does; ``sampler_features`` replaces the features it names."""
 
     name = "min-p-ignored"
 
     def __init__(self, sampler_features: Sequence[str] | None = None, **kw) -> None:
         super().__init__(**kw)
-        self.sampler_features = frozenset(sampler_features if sampler_features is not None else
-                                          ("min_p", "temperature", "top_k", "top_p", "repetition_penalty",
-                                           "frequency_penalty", "presence_penalty", "logit_bias"))
+        from specfuzz.engines.sglang_mapping import VERIFY_SAMPLER_FEATURES
+
+        self.sampler_features = frozenset(VERIFY_SAMPLER_FEATURES if sampler_features is None else sampler_features)
 
     def version(self):
         return {**super().version(), "name": self.name}
