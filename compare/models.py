@@ -51,6 +51,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # and 41% with 27; the greedy argmax agrees with the target's 5% / 17% / 32% / -.
 DEFAULT_CUT_LAYERS = 24
 CACHE_ENV = "SPECFUZZ_CACHE"
+# A GGUF file to use as the embedded model instead of the installed package's (a machine without
+# the package, e.g. the GPU machine, where the file is shipped on its own).
+GGUF_ENV = "SPECFUZZ_EMBEDDED_GGUF"
 # Files copied from the target into a draft cut from it (the tokenizer must be identical).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # Bumped when the conversion changes what it writes.
@@ -79,6 +82,11 @@ def embedded_gguf() -> Path:
     Located without importing the package (its ``__init__`` imports llama-cpp-python,
     which specfuzz does not install).
     """
+    override = os.environ.get(GGUF_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise InvalidInput(GGUF_ENV, override, "the path of the embedded model's GGUF file")
+        return Path(override)
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for loc in locations:

@@ -25,12 +25,14 @@ from specfuzz.compare import models as M
 from specfuzz.compare.greedy import GreedyReport, greedy_report
 from specfuzz.compare.prompts import EncodedPrompt, Prompt, builtin_prompts, encode, has_chat_template, load_prompts, subset
 from specfuzz.compare.greedy import acceptance
-from specfuzz.compare.reference import LawSettings, ReferenceModel, greedy_gaps, measure_logit_noise
+from specfuzz.compare.reference import LawSettings, ReferenceModel, dtype_spread, greedy_gaps, measure_logit_noise
 from specfuzz.compare.runs import METHODS, Method, Record, RunPlan, RunResult, engine_label, run_engine
 from specfuzz.compare.sampled import SampledTest, merge, pit_values, sampled_test, tolerance_from_noise
 
 MODES = ("both", "greedy", "sampled")
 DEFAULT_METHODS = ("ngram", "self", "cut")
+# The method name of CompareOptions.spec (a finding's own speculative configuration).
+FINDING_METHOD = "finding"
 # Outputs of the first sampled prompt teacher-forced twice to measure the float32 spread.
 NOISE_PROBE_OUTPUTS = 4
 
@@ -60,6 +62,13 @@ class CompareOptions:
     chat: bool | None = None  # None: when the tokenizer has a chat template
     settings: Mapping[str, Any] = field(default_factory=dict)
     threads: int = 1
+    min_p: float = 0.0
+    # One speculative configuration run as the method "finding" instead of ``methods`` (specfuzz
+    # impact: a finding's method and knobs; a draft-model method drafts with the cut-down draft).
+    spec: SpecConfig | None = None
+    batch_prompt_tokens: int | None = None  # None: runs.SEEDED_BATCH_PROMPT_TOKENS
+    baseline_only: bool = False  # speculation off only (its calibration test is the verdict)
+    dtype: str = "float32"  # the engines' dtype; other than float32 widens the tolerance by the reference's own spread in it
 
 
 @dataclass
@@ -87,6 +96,10 @@ def validate(o: CompareOptions) -> Validated:
         raise InvalidInput("--temperature", t, "a number >= 0 (0: greedy comparison only)")
     if not (0.0 < o.top_p <= 1.0):
         raise InvalidInput("--top-p", o.top_p, "a number in (0, 1]")
+    if not (0.0 <= o.min_p < 1.0):
+        raise InvalidInput("--min-p", o.min_p, "a number in [0, 1)")
+    if o.dtype not in ("float32", "bfloat16", "float16"):
+        raise InvalidInput("dtype", o.dtype, "float32, bfloat16 or float16")
     _int("--top-k", o.top_k, 0, "an integer >= 0 (0 = off)")
     _int("--max-tokens", o.max_tokens, 1, "an integer >= 1")
     _int("--samples", o.samples, 1, "an integer >= 1 (samples per prompt in sampled mode)")
@@ -111,8 +124,12 @@ def validate(o: CompareOptions) -> Validated:
     for e in o.engines:
         resolve_engine(e)
     methods = tuple(dict.fromkeys(o.methods)) if o.methods else DEFAULT_METHODS + (("draft",) if o.draft else ())
+    if o.spec is not None:
+        methods = (FINDING_METHOD,)
+    if o.baseline_only:
+        methods = ()
     for m in methods:
-        if m not in METHODS:
+        if m not in METHODS and m != FINDING_METHOD:
             raise InvalidInput("--method", m, f"one of {tuple(METHODS)}")
     if "draft" in methods and o.draft is None:
         raise InvalidInput("--draft", None, "a draft checkpoint folder for --method draft")
@@ -167,6 +184,14 @@ class Comparison:
 def _methods(names: Sequence[str], o: CompareOptions, target: Path, log) -> tuple[list[Method], dict[str, str]]:
     K = o.num_speculative_tokens
     out, dirs = [], {}
+    if o.baseline_only:
+        return [], dirs
+    if o.spec is not None:
+        d = M.cut_draft(Path(target), int(o.draft_layers), o.cache_dir) if o.spec.uses_draft_model else None
+        if d is not None:
+            log(f"cut-down draft: first {o.draft_layers} layers of the target in {d}")
+            dirs[FINDING_METHOD] = str(d)
+        return [Method(FINDING_METHOD, o.spec, d)], dirs
     for n in names:
         if n == "ngram":
             out.append(Method("ngram", SpecConfig("ngram", K, ngram_min=1, ngram_max=3)))
@@ -207,7 +232,9 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     seconds["prepare_drafts"] = time.perf_counter() - t0
     eos = getattr(tok, "eos_token_id", None)
     plan = RunPlan(tuple(prompts), o.max_tokens, v.greedy, v.sampled, float(o.temperature), int(o.top_k), float(o.top_p),
-                   o.samples, o.repeats, min(o.repeat_prompts, len(prompts)), o.seed, eos)
+                   o.samples, o.repeats, min(o.repeat_prompts, len(prompts)), o.seed, eos, float(o.min_p),
+                   **({} if o.batch_prompt_tokens is None else {"batch_prompt_tokens": int(o.batch_prompt_tokens)}),
+                   dtype=o.dtype)
 
     def decode(ids):
         return tok.decode(list(ids), skip_special_tokens=False)
@@ -220,7 +247,7 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     log("teacher-forcing the outputs through the reference (HF transformers, float32)")
     t0 = time.perf_counter()
     ref = ReferenceModel(model.target, threads=o.threads)
-    settings = LawSettings(float(o.temperature), int(o.top_k), float(o.top_p)) if v.sampled else None
+    settings = LawSettings(float(o.temperature), int(o.top_k), float(o.top_p), float(o.min_p)) if v.sampled else None
     by_prompt = {p.id: p for p in prompts}
     # The reference's own float32 spread across batch shapes, on real outputs.
     noise = 0.0
@@ -228,8 +255,11 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     recs = [r for r in (first.sampled or first.greedy) if r.token_ids]
     if recs:
         pid = recs[0].prompt_id
-        noise = measure_logit_noise(ref, by_prompt[pid].token_ids,
-                                    [r.token_ids for r in recs if r.prompt_id == pid][:NOISE_PROBE_OUTPUTS])
+        probe = [r.token_ids for r in recs if r.prompt_id == pid][:NOISE_PROBE_OUTPUTS]
+        noise = measure_logit_noise(ref, by_prompt[pid].token_ids, probe)
+        if o.dtype != "float32":  # the engines compute in a lower dtype: its rounding spread on the same outputs
+            noise = max(noise, dtype_spread(ref, ReferenceModel(model.target, threads=o.threads, dtype=o.dtype),
+                                            by_prompt[pid].token_ids, probe))
     drafts = {m.name: ReferenceModel(m.draft_dir, threads=o.threads) for m in methods
               if v.sampled and m.draft_dir is not None and m.name != "self"}
     analyses = []

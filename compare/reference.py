@@ -45,22 +45,26 @@ class LawSettings:
     temperature: float  # > 0 for a law (greedy has none)
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
+    min_p: float = 0.0  # 0 = off
 
     def to_json(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
 
 
 def sampling_laws(logits: np.ndarray, s: LawSettings) -> np.ndarray:
     """The laws ``[T, V]`` (float64) of raw-logits rows ``[T, V]`` under ``s``.
 
-    Temperature, then top-k on the scaled logits (ties at the k-th value kept, as vLLM and
-    HF do), softmax, then top-p: a token is kept when the mass of the tokens ranked before
-    it (descending probability, ties by id) is below ``top_p``; renormalised.
+    Temperature, then min-p (tokens with ``p < min_p * max p`` dropped, vLLM's place for it;
+    alone it is the same in every engine), then top-k on the scaled logits (ties at the k-th
+    value kept, as vLLM and HF do), softmax, then top-p: a token is kept when the mass of the
+    tokens ranked before it (descending probability, ties by id) is below ``top_p``; renormalised.
     """
     if np.ndim(logits) == 1:
         return sampling_laws(np.asarray(logits)[None], s)[0]
     z = np.asarray(logits, dtype=np.float64) / float(s.temperature)  # [T, V]
     T, V = z.shape
+    if s.min_p > 0.0:
+        z = np.where(z - z.max(axis=1, keepdims=True) >= math.log(s.min_p), z, -np.inf)
     if s.top_k and s.top_k < V:
         kth = np.partition(z, V - s.top_k, axis=1)[:, V - s.top_k][:, None]  # [T, 1]
         z = np.where(z >= kth, z, -np.inf)
@@ -85,11 +89,15 @@ def ambiguous_rows(logits: np.ndarray, s: LawSettings, noise: float) -> np.ndarr
     T, V = z.shape
     out = np.zeros(T, dtype=bool)
     margin = 2.0 * noise / float(s.temperature)  # scaled-logit gap the noise can close
+    if s.min_p > 0.0:  # a token whose log(p / max p) is within the noise of log(min_p)
+        gap = z - z.max(axis=1, keepdims=True)  # [T, V]
+        out |= (np.abs(gap - math.log(s.min_p)) <= margin).any(axis=1)
+        z = np.where(gap >= math.log(s.min_p), z, -np.inf)
     if s.top_k and s.top_k < V:
         top = -np.sort(-np.partition(z, V - s.top_k - 1, axis=1)[:, V - s.top_k - 1:], axis=1)  # [T, k+1] descending
         out |= top[:, s.top_k - 1] - top[:, s.top_k] <= margin
     if s.top_p < 1.0:
-        p = sampling_laws(logits, LawSettings(s.temperature, s.top_k, 1.0))  # [T, V]
+        p = sampling_laws(logits, LawSettings(s.temperature, s.top_k, 1.0, s.min_p))  # [T, V]
         ps = -np.sort(-p, axis=1)  # [T, V] descending
         before = np.cumsum(ps, axis=1) - ps
         rel = math.expm1(margin) + 1e-12  # relative change of any mass under the noise
@@ -126,7 +134,7 @@ def greedy_gaps(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class ReferenceModel:
     """The target checkpoint loaded by HF transformers at float32 on CPU, for teacher forcing."""
 
-    def __init__(self, folder: Path, threads: int = 1) -> None:
+    def __init__(self, folder: Path, threads: int = 1, dtype: str = "float32") -> None:
         import torch
         import transformers
 
@@ -137,7 +145,7 @@ class ReferenceModel:
             pass
         torch.set_num_threads(int(threads))
         try:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
         except Exception as exc:  # noqa: BLE001 - a model HF cannot load is bad input
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise InvalidInput("--model", str(folder), f"a checkpoint HF transformers loads at float32 ({first})") from None
@@ -198,6 +206,16 @@ def _repeat_cache(cache, n: int):
         c.batch_repeat_interleave(n)
         return c
     raise RuntimeError("this transformers version's cache cannot be repeated over a batch")  # pragma: no cover
+
+
+def dtype_spread(ref: ReferenceModel, other: ReferenceModel, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> float:
+    """Largest |difference| between the raw logits of the same outputs under two references (the
+    float32 one and one in the engines' lower dtype): the rounding spread of that dtype."""
+    worst = 0.0
+    for x, y in zip(ref.output_logits(prompt, outputs), other.output_logits(prompt, outputs)):
+        if x.size:
+            worst = max(worst, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
+    return worst
 
 
 def measure_logit_noise(ref: ReferenceModel, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> float:

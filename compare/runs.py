@@ -119,6 +119,10 @@ class RunPlan:
     repeat_prompts: int
     seed: int
     eos_token_id: int | None
+    min_p: float = 0.0
+    # Seeded requests per engine call are cut at this many prompt tokens (see SEEDED_BATCH_PROMPT_TOKENS).
+    batch_prompt_tokens: int = SEEDED_BATCH_PROMPT_TOKENS
+    dtype: str = "float32"
 
     @property
     def max_model_len(self) -> int:
@@ -128,7 +132,8 @@ class RunPlan:
         return SamplingParams(temperature=0.0, max_tokens=self.max_tokens)
 
     def sampled_params(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens)
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              max_tokens=self.max_tokens)
 
     def sample_seed(self, prompt_id: str, j: int) -> int:
         return (self.seed * 1_000_003 + zlib.crc32(prompt_id.encode()) * 1009 + j) % (2**31 - 1)
@@ -174,18 +179,19 @@ def _records(engine: str, method: str, mode: str, items: Sequence[tuple[EncodedP
     return out
 
 
-def _batches(requests: list[Request]) -> list[list[Request]]:
-    """Seeded requests cut into batches of at most SEEDED_BATCH_PROMPT_TOKENS prompt tokens."""
+def _batches(requests: list[Request], prompt_tokens: int = SEEDED_BATCH_PROMPT_TOKENS) -> list[list[Request]]:
+    """Seeded requests cut into batches of at most ``prompt_tokens`` prompt tokens."""
     from specfuzz.fuzz.run import split_calls
 
-    return split_calls(requests, SEEDED_BATCH_PROMPT_TOKENS)
+    return split_calls(requests, prompt_tokens)
 
 
-def _generate(engine, requests: list[Request], one_at_a_time: bool) -> tuple[list[Completion], list[float]]:
+def _generate(engine, requests: list[Request], one_at_a_time: bool,
+              prompt_tokens: int = SEEDED_BATCH_PROMPT_TOKENS) -> tuple[list[Completion], list[float]]:
     """Completions and the wall time of the call that produced each."""
     if not one_at_a_time:
         outs, times = [], []
-        for batch in _batches(requests):
+        for batch in _batches(requests, prompt_tokens):
             t0 = time.perf_counter()
             outs.extend(engine.generate(batch))
             dt = time.perf_counter() - t0
@@ -205,7 +211,7 @@ def run_method(engine, engine_spec: str, method: Method, plan: RunPlan, target_d
     from specfuzz.engines.isolation import resolve_engine
 
     config = EngineConfig(target_dir=Path(target_dir), draft_dir=method.draft_dir, speculation=method.spec,
-                          dtype="float32", max_model_len=plan.max_model_len, settings=dict(settings))
+                          dtype=plan.dtype, max_model_len=plan.max_model_len, settings=dict(settings))
     label = engine_label(engine_spec)
     log(f"{label}: starting ({'speculation off' if method.spec is None else method.name})")
     start_s = start_engine(engine, engine_spec, config, model_name)
@@ -226,7 +232,7 @@ def run_method(engine, engine_spec: str, method: Method, plan: RunPlan, target_d
         items = [(p, j, plan.sample_seed(p.id, j)) for p in plan.prompts for j in range(plan.samples)]
         reqs = [Request(p.token_ids, sp, seed) for p, _, seed in items]
         t0 = time.perf_counter()
-        outs, times = _generate(engine, reqs, one and method.spec is not None)
+        outs, times = _generate(engine, reqs, one and method.spec is not None, plan.batch_prompt_tokens)
         res.sampled_seconds = time.perf_counter() - t0
         res.sampled = [r for (it, c, dt) in zip(items, outs, times) for r in _records(label, method.name, "sampled", [it], [c], dt, decode)]
         log(f"{label} {method.name}: sampled {len(items)} requests in {res.sampled_seconds:.0f} s")

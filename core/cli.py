@@ -963,6 +963,9 @@ def _register_optional_commands() -> None:
     from specfuzz.fuzz.bisect_cli import bisect_cmd
 
     main.add_command(bisect_cmd, "bisect")
+    from specfuzz.fuzz.impact_cli import impact_cmd
+
+    main.add_command(impact_cmd, "impact")
 
 
 _register_optional_commands()

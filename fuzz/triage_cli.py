@@ -228,8 +228,11 @@ def triage_cmd(corpus_dir: Path, rerun: bool, json_out: str | None, junit_out: P
               help="Then run the new repro.py on the installed engine and record what it printed (PASS/FAIL/crash, "
                    "engine version, date) in ISSUE.md.")
 @click.option("--verify-timeout", default="15m", show_default=True, type=DURATION, help="--verify: time the repro may run.")
+@click.option("--format", "fmt", default="files", show_default=True, type=click.Choice(["files", "github"]),
+              help="github: also print the issue ready to paste (title line, labels, the form's address, the body with "
+                   "repro.py inlined) on stdout; the summary goes to stderr.")
 def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int | None, top: int, verify: bool,
-              verify_timeout: float) -> None:
+              verify_timeout: float, fmt: str) -> None:
     """Draft an upstream issue for a corpus entry: ISSUE.md, plot.png and a standalone repro.py."""
     from specfuzz.cli_input import read_entry_file
     from specfuzz.fuzz.draft import DraftError, draft_entry, resolve_entry
@@ -255,7 +258,7 @@ def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int 
         result = draft_entry(path, out, samples=samples, top=top)
     except DraftError as exc:
         raise click.UsageError(str(exc)) from None
-    console = Console()
+    console = Console(stderr=fmt == "github")
     console.print(f"[bold]{result.title}[/bold]", highlight=False)
     for p in result.files:
         console.print(f"  wrote {p}", highlight=False)
@@ -266,6 +269,13 @@ def draft_cmd(entry: Path, out_dir: Path | None, corpus_dir: Path, samples: int 
         v = verify_draft(out, timeout_s=verify_timeout)
         console.print(f"repro.py: {summary(v)}; "
                       f"recorded in {out / 'ISSUE.md'}", highlight=False)
+    if fmt == "github":
+        from specfuzz.fuzz.draft.data import engine_kind
+        from specfuzz.fuzz.draft.forms import form_for
+        from specfuzz.fuzz.draft.github import github_text
+
+        click.echo(github_text((out / "ISSUE.md").read_text(encoding="utf-8"), (out / "repro.py").read_text(encoding="utf-8"),
+                               form_for(engine_kind(entry_obj))))
 
 
 def main() -> None:  # pragma: no cover - for `python -m specfuzz.fuzz.triage_cli`

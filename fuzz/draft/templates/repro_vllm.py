@@ -1,114 +1,49 @@
-# Template: the engine part of a repro.py for vLLM's offline LLM API (specfuzz.fuzz.draft.repro
-# renders it). The engine is started exactly as specfuzz's vLLM adapter started it when the finding
-# was made: LAUNCH holds the environment variables the adapter set and the vllm.LLM keyword
-# arguments it passed (model runner, attention backend, logprobs mode, KV cache, eager mode,
-# speculative_config, ...), recorded with the entry or, for entries older than that record,
-# reconstructed from the entry's engine version and case. The imports above the "repro.py begins"
-# line are for linting and testing this file alone; in the script these names are its own.
-import os
-
+# Template: the engine part of a repro.py for vLLM's offline LLM API (specfuzz.fuzz.draft.repro renders
+# it). LAUNCH, LAUNCH_ENV and INHERITED_ENV are what specfuzz's vLLM adapter passed and set when the
+# finding was made; SAMPLING holds vllm.SamplingParams' arguments as the adapter mapped the request.
+# The imports above the "repro.py begins" line are for linting and testing this file alone.
 from specfuzz.fuzz.draft.templates.repro_common import (
-    ENGINE_VERSION, EOS_TOKEN_ID, LAUNCH, PROMPT, add_launch_arguments, launch_kwargs, launch_line,
+    ENGINE_VERSION, EOS_TOKEN_ID, launch, with_checkpoints,
 )
+
+BAD_WORDS = None
+STRUCTURED = None
 
 # ---- repro.py begins ----
 
-# ---- the engine: vLLM (offline LLM API), started as specfuzz's vLLM adapter started it -------
-DEFAULT_BATCH = 200
-GREEDY_TEMPERATURE_EPS = 1e-5  # temperatures below this are greedy (temperature=0)
-CHECKPOINT_PLACEHOLDERS = ("{target}", "{draft}")  # LAUNCH's names for the checkpoint folders
 
-
-def add_engine_arguments(ap):
-    add_launch_arguments(ap)
-
-
-def launch_environment():
-    """The environment the adapter ran vLLM in: its own variables as set, inherited ones unless set here."""
-    env = {k: v for k, v in LAUNCH.get("inherited_env", {}).items() if k not in os.environ}
-    env.update(LAUNCH["env"])
-    return env
-
-
-def describe(args):
+# ---- the engine: vLLM's offline LLM, started as specfuzz's vLLM adapter started it ----------
+def start_engine(dirs, args):
+    """generate(seeds, requests): one request per seed, requests = [(prompt, sampling), ...]."""
+    kwargs, started = launch(args)  # sets the environment first: vLLM reads it at import and start
     import vllm
-
-    env = " ".join(f"{k}={v}" for k, v in sorted(launch_environment().items()))
-    return f"engine: vLLM {vllm.__version__} (the finding: {ENGINE_VERSION}); " + launch_line(args, env)
-
-
-def with_checkpoints(value, ckpt):
-    """LAUNCH's keyword arguments with the checkpoint folders filled in."""
-    if isinstance(value, dict):
-        return {k: with_checkpoints(v, ckpt) for k, v in value.items()}
-    if isinstance(value, list):
-        return [with_checkpoints(v, ckpt) for v in value]
-    if value == CHECKPOINT_PLACEHOLDERS[0]:
-        return ckpt.target
-    if value == CHECKPOINT_PLACEHOLDERS[1]:
-        return ckpt.draft
-    return value
-
-
-def vllm_sampling_params(sampling, seed):
-    from vllm import SamplingParams
-
-    p = sampling
-    kw = dict(
-        temperature=0.0 if p["temperature"] < GREEDY_TEMPERATURE_EPS else float(p["temperature"]),
-        top_k=int(p["top_k"]) if p["top_k"] >= 1 else 0, top_p=float(p["top_p"]), min_p=float(p["min_p"]),
-        repetition_penalty=float(p["repetition_penalty"]), frequency_penalty=float(p["frequency_penalty"]),
-        presence_penalty=float(p["presence_penalty"]), min_tokens=int(p["min_tokens"]), max_tokens=int(p["max_tokens"]),
-        stop_token_ids=[int(t) for t in p["stop_token_ids"]] or None, ignore_eos=bool(p["ignore_eos"]),
-        seed=seed, detokenize=False,
-    )
-    if p["logit_bias"]:
-        kw["logit_bias"] = {int(k): float(v) for k, v in p["logit_bias"].items()}
-    if p["allowed_token_ids"] is not None:
-        kw["allowed_token_ids"] = [int(t) for t in p["allowed_token_ids"]]
-    if p["regex"] is not None or p["choice"] is not None:
-        from vllm.sampling_params import StructuredOutputsParams
-
-        kw["structured_outputs"] = (StructuredOutputsParams(regex=p["regex"]) if p["regex"] is not None
-                                    else StructuredOutputsParams(choice=list(p["choice"])))
-    sp = SamplingParams(**kw)
-    if p["bad_words"]:
-        # token-id sequences, as SamplingParams.update_from_tokenizer would produce from strings
-        sp._bad_words_token_ids = [[int(t) for t in w] for w in p["bad_words"]]
-    return sp
-
-
-
-def start_engine(ckpt, args):
-    os.environ.update(launch_environment())  # before vLLM is imported: it reads them at start
-    from vllm import LLM
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(**with_checkpoints(launch_kwargs(args), ckpt))
-    eos = EOS_TOKEN_ID
+    print(f"engine: vLLM {vllm.__version__} (the finding: {ENGINE_VERSION}); {started}", flush=True)
+    llm = vllm.LLM(**with_checkpoints(kwargs, dirs))
 
-    def generate(sampling, seeds, prompts=None):
-        # one request per seed; sampling and prompts may also be lists, one per seed (a mixed batch)
-        samplings = sampling if isinstance(sampling, list) else [sampling] * len(seeds)
-        params = [vllm_sampling_params(p, s) for p, s in zip(samplings, seeds)]
-        outs = llm.generate([TokensPrompt(prompt_token_ids=list(pr)) for pr in (prompts or [PROMPT] * len(seeds))],
-                            params, use_tqdm=False)
-        result = []
-        for o in outs:
-            c = o.outputs[0]
-            toks = tuple(int(t) for t in c.token_ids)
-            if c.finish_reason == "stop":  # the output includes the stop token that ended it
-                want = c.stop_reason if isinstance(c.stop_reason, int) else (eos if c.stop_reason is None else None)
-                if want is not None and (not toks or toks[-1] != want):
-                    toks = toks + (int(want),)
-            result.append(toks)
-        return result
+    def generate(seeds, requests):
+        # [if not structured]
+        params = [vllm.SamplingParams(**s, seed=seed) for (_, s), seed in zip(requests, seeds)]
+        # [end structured]
+        # [if structured]
+        from vllm.sampling_params import StructuredOutputsParams
+        params = [vllm.SamplingParams(**s, seed=seed, structured_outputs=StructuredOutputsParams(**STRUCTURED))
+                  for (_, s), seed in zip(requests, seeds)]
+        # [end structured]
+        # [if bad_words]
+        for sp in params:
+            sp._bad_words_token_ids = BAD_WORDS  # words as token ids: SamplingParams takes strings only
+        # [end bad_words]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in requests], params, use_tqdm=False)
+        return [tokens(o.outputs[0]) for o in outs]
 
-    def close():
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-
-    generate.close = close
+    generate.close = llm.llm_engine.engine_core.shutdown  # its shutdown messages before the verdict
     return generate
+
+
+def tokens(c):
+    """An output's token ids, ending with the stop token that ended it (vLLM's token_ids leave it out)."""
+    toks = tuple(c.token_ids)
+    stop = c.stop_reason if isinstance(c.stop_reason, int) else EOS_TOKEN_ID if c.stop_reason is None else None
+    return toks + (stop,) if c.finish_reason == "stop" and stop is not None and toks[-1:] != (stop,) else toks
