@@ -285,10 +285,9 @@ def test_compare_default_model_on_vllm_cpu_runs_end_to_end(tmp_path, smollm2):
 
 @pytest.mark.slow
 def test_power_check_broken_residual_is_flagged(tmp_path, smollm2):
-    # 2 prompts x 6 samples x 32 tokens: the broken engine's e-value was 7.3e4 (2026-12-02; 4 prompts
-    # took 644 s of CI, 2 take 360 s with HF's own engine beside it: the correct one's was 0.06,
-    # bench/results/compare_power_check_hf.json). The broken engine alone: HF's assisted generation
-    # passing is the HF end-to-end test's assertion.
+    # 2 prompts x 6 samples x 32 tokens: enough for the broken engine to fail (bench/results/
+    # compare_power_check_hf.json has the e-values of it and of the correct engine). The broken engine
+    # alone: HF's assisted generation passing is the HF end-to-end test's assertion.
     out = tmp_path / "power"
     res = _cli(["--engine", "compare_engines:ResampleFromPHF", "--method", "cut", "--mode", "sampled",
                 "--limit", "2", "--samples", "6", "--max-tokens", "32", "--threads", "2", "--out", str(out)], tmp_path, timeout=1800)
@@ -323,3 +322,23 @@ def test_seeded_requests_are_batched_so_every_prefill_fits_one_scheduler_step():
     assert sum(batches, []) == seeded
     unseeded = [Request(long, sp) for _ in range(7)]
     assert _batches(unseeded) == [unseeded]  # greedy / unseeded sets stay one batch
+
+
+def test_min_p_law_equals_hf_min_p_processor_and_its_boundary_is_ambiguous():
+    """min-p (after temperature): the tokens with p < min_p * max p are dropped, as HF's MinPLogitsWarper
+    does; a token whose p / max p sits within the noise of min_p makes its step ambiguous."""
+    torch = pytest.importorskip("torch")
+    from transformers.generation.logits_process import MinPLogitsWarper, TemperatureLogitsWarper
+
+    rng = np.random.default_rng(5)
+    lg = _random_logits(rng, 6, 50)
+    for s in (LawSettings(1.0, min_p=0.05), LawSettings(0.7, min_p=0.2)):
+        x = TemperatureLogitsWarper(s.temperature)(None, torch.tensor(lg))
+        x = MinPLogitsWarper(s.min_p)(None, x)
+        want = torch.softmax(x.double(), dim=-1).numpy()
+        got = sampling_laws(lg, s)
+        assert np.allclose(got, want, atol=1e-6), s
+        assert ((got > 0) == (want > 0)).all(), s
+    edge = np.log(np.array([[0.5, 0.1, 0.4]]))  # p / max p of token 1 = 0.2 exactly
+    assert ambiguous_rows(edge, LawSettings(1.0, min_p=0.2), 1e-6)[0]
+    assert not ambiguous_rows(edge, LawSettings(1.0, min_p=0.1), 1e-6)[0]

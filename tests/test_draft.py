@@ -444,3 +444,43 @@ def test_the_methods_an_entry_was_met_again_under_are_named_in_its_issue(tmp_pat
     entry.write_text(json.dumps(d))
     draft_entry(entry, tmp_path / "e")
     assert "failure was met under" not in (tmp_path / "e" / "ISSUE.md").read_text()
+
+
+def test_github_format_prints_the_engines_title_labels_form_and_a_body_with_repro_inlined(tmp_path):
+    """`specfuzz draft ENTRY --format github`: the title with the form's prefix, its labels and address,
+    then the body (no heading, the plot as an attachment to add, repro.py inlined); the summary on stderr."""
+    path = _engine_entry(tmp_path, {"name": "vllm", "version": "0.32.0", "device": "cpu"})
+    res = CliRunner().invoke(main, ["draft", str(path), "--out", str(tmp_path / "g"), "--format", "github"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    lines = out.splitlines()
+    assert lines[0].startswith("Title: [Bug]: vLLM 0.32.0: draft_model speculative decoding (K=2)")
+    assert lines[1] == "Labels: bug" and lines[2].startswith("Form: https://github.com/vllm-project/vllm/issues/new")
+    body = out.split("\n\n", 1)[1]
+    assert body.startswith("### Your current environment") and "### 🐛 Describe the bug" in body
+    assert "(plot.png)" not in body and "attach plot.png here" in body
+    repro = (tmp_path / "g" / "repro.py").read_text()
+    assert f"<summary>repro.py ({len(repro.splitlines())} lines)</summary>" in body and repro.rstrip() in body
+    assert "wrote" in res.stderr and "wrote" not in out
+
+
+@pytest.mark.parametrize("engine, sections", [
+    ("vllm", ["### Your current environment", "<code>python -m vllm.collect_env</code>", "### 🐛 Describe the bug"]),
+    ("sglang", ["### Checklist", "### Describe the bug", "### Reproduction", "### Environment",
+                "<code>python3 -m sglang.check_env</code>"]),
+    ("hf-transformers", ["### System Info", "<code>transformers env</code>", "### Information", "### Tasks",
+                         "### Reproduction", "### Expected behavior"]),
+])
+def test_each_issue_follows_its_engines_bug_report_form_with_the_maths_below_the_fold(tmp_path, engine, sections):
+    path = _engine_entry(tmp_path, {"name": engine, "version": "1.0"})
+    if engine == "sglang":  # SGLang's STANDALONE drafter is greedy (the adapter refuses sampled drafts)
+        d = json.loads(path.read_text())
+        d["case"]["spec"]["draft_sampling"] = "greedy"
+        path.write_text(json.dumps(d))
+    issue = (draft_entry(path, tmp_path / "d").out_dir / "ISSUE.md").read_text()
+    pos = [issue.index(s) for s in sections]
+    assert pos == sorted(pos), sections  # in the form's order
+    top = issue.split("<details><summary>The model", 1)[0]
+    assert "**With draft_model speculative decoding (K=2)" in top and "Trigger: `draft_model` speculation with K=2" in top
+    assert "#### The model" in issue and issue.index("#### The model") > issue.index("<details><summary>The model")
+    assert "Impact on a real model: not measured yet" in top

@@ -532,3 +532,39 @@ def test_a_timed_out_repro_whose_pipes_outlive_its_process_group_is_recorded_not
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+STORED_REPROS = sorted(p for p in (ROOT / "corpus").rglob("repro.py") if "drafts" in p.relative_to(ROOT / "corpus").parts)
+FORM_SECTIONS = {"vllm": ("### Your current environment", "### 🐛 Describe the bug"),
+                 "sglang": ("### Checklist", "### Describe the bug", "### Reproduction", "### Environment"),
+                 "transformers": ("### System Info", "### Reproduction", "### Expected behavior")}
+
+
+@pytest.mark.parametrize("path", STORED_REPROS, ids=lambda p: str(p.parent.relative_to(ROOT / "corpus")))
+def test_every_stored_repro_fits_its_line_budget_and_its_issue_follows_the_engines_form(path):
+    """Every repro.py under corpus/**/drafts/: one data block, and at most CODE_LINES_BUDGET non-blank
+    lines of code outside it (a distribution finding a screen, a crash repro more); its ISSUE.md has the
+    sections of its engine's bug-report form."""
+    src = path.read_text()
+    assert src.count(DATA_BEGIN) == 1 and src.count(DATA_END) == 1, "not drafted with the current templates"
+    crash = "\nCALLS = " in src
+    assert code_lines(src) <= CODE_LINES_BUDGET["crash" if crash else "distribution"], code_lines(src)
+    issue = (path.parent / "ISSUE.md").read_text()
+    engine = next((e for e in FORM_SECTIONS if f"    import {e}\n" in src), None)
+    for section in FORM_SECTIONS.get(engine, ()):
+        assert f"\n{section}\n" in issue, section
+
+
+@pytest.mark.slow
+def test_a_generated_vllm_cpu_repro_fails_as_found_and_passes_with_speculation_off(tmp_path):
+    """The stored vllm-cpu finding f018 (ngram K=1: the first token is 0 too often): its repro.py, run
+    as a maintainer would, prints FAIL; the same script with --no-speculation prints PASS."""
+    pytest.importorskip("vllm")
+    out = draft_entry(ROOT / "corpus" / "finding-f018724b48c4b56c.json", tmp_path / "d").out_dir
+    run = lambda *a: subprocess.run([sys.executable, "repro.py", *a], cwd=out, capture_output=True, text=True, timeout=900)
+    found = run()
+    assert found.returncode == 1 and found.stdout.strip().splitlines()[-1] == "FAIL", found.stdout[-2000:] + found.stderr[-2000:]
+    assert "started as found" in found.stdout
+    off = run("--no-speculation", "--samples", "1000")
+    assert off.returncode == 0 and off.stdout.strip().splitlines()[-1] == "PASS", off.stdout[-2000:] + off.stderr[-2000:]
+    assert "started with changes: no speculation" in off.stdout

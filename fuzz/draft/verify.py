@@ -22,7 +22,7 @@ block, which the engine's bug-report form asks for first.
 It needs only the standard library and the draft folder, so it also runs on a machine
 where specfuzz cannot draft (no matplotlib): ``python fuzz/draft/verify.py DRAFT_DIR ...
 [--timeout S] [--json FILE]`` verifies drafts in place (``bin/verify-h200-drafts`` does that
-for the H200 drafts).
+for the GPU drafts).
 """
 
 from __future__ import annotations
