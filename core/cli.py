@@ -84,7 +84,7 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 @main.command("fuzz")
 @click.option("--budget", default="60s", show_default=True, type=DURATION, help="Time budget: 90s, 10m, 2h, 1h30m.")
 @click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, or package.module:Class.")
-@click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7).")
+@click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7) or a mutant of the time-to-bug bench (M01..M16).")
 @click.option("--method", "methods", multiple=True, type=method_choice(),
               help="Speculation methods to fuzz (repeatable); 'none' = speculation off (a calibration campaign). Default: all the engine supports.")
 @click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=WRITABLE_DIR)
@@ -468,7 +468,7 @@ def _engine_kwargs(engine: str, inject: str | None) -> dict:
 @main.command("check")
 @click.argument("case_file", type=click.Path(path_type=Path))
 @click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, or package.module:Class.")
-@click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7).")
+@click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7) or a mutant of the time-to-bug bench (M01..M16).")
 @click.option("--samples", default=4000, show_default=True, type=COUNT, help="Samples per run (fewer if the verdict fails earlier).")
 @click.option("--alpha", default=1e-3, show_default=True, type=ALPHA)
 @click.option("--tolerance", default=0.0, show_default=True, type=TOLERANCE, help="Per-token probability tolerance (for inexact dtypes).")

@@ -200,9 +200,10 @@ def method_choice() -> OneOf:
 
 
 def bug_choice() -> OneOf:
+    from specfuzz.oracle.mutants import MUTANTS
     from specfuzz.oracle.speculative import BUG_CLASSES
 
-    return OneOf(tuple(sorted(BUG_CLASSES)), "bug class")
+    return OneOf(tuple(sorted(BUG_CLASSES)) + tuple(sorted(MUTANTS)), "bug class or mutant")
 
 
 DTYPES = ("float32", "bfloat16", "float16")

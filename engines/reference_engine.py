@@ -2,7 +2,7 @@
 
 It reads the same checkpoints a real engine gets (the table is read back from
 ``lm_head``), samples with :class:`~specfuzz.oracle.speculative.MonteCarloDriver` under
-the oracle's "vllm" semantics, and can inject any catalogued bug (``inject="N3"``).
+the oracle's "vllm" semantics, and can inject any catalogued bug (``inject="N3"``) or mutant (``inject="M05"``, :mod:`specfuzz.oracle.mutants`).
 With no injection it is correct by construction and by test, so every campaign against
 it must come back empty; with one it is the positive control.
 """
@@ -51,8 +51,10 @@ class ReferenceEngine(Engine):
     name = "reference"
 
     def __init__(self, inject: str | None = None, mode: str = "exact") -> None:
-        if inject is not None and inject not in BUG_CLASSES:
-            raise InvalidInput("inject", inject, f"None or one of {sorted(BUG_CLASSES)}")
+        from specfuzz.oracle.mutants import MUTANTS
+
+        if inject is not None and inject not in BUG_CLASSES and inject not in MUTANTS:
+            raise InvalidInput("inject", inject, f"None or one of {sorted(BUG_CLASSES)} or a mutant {sorted(MUTANTS)}")
         if mode not in SAMPLING_MODES:
             raise InvalidInput("mode", mode, f"one of {SAMPLING_MODES}")
         self.inject = inject

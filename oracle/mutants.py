@@ -1,6 +1,6 @@
 """The mutants of the reference sampler: one witness case each (like :mod:`.catalogue` for N1-N7).
 
-A mutant (:data:`~specfuzz.oracle.speculative.MUTANTS`) breaks lossless speculation in
+A mutant (:data:`MUTANTS`) breaks lossless speculation in
 exactly one speculation event (:mod:`.events`): on a case where that event has probability 0
 it samples μ exactly, so a campaign finds it only by drawing cases that exercise the event.
 ``bench/time_to_bug.py`` measures how long a fresh campaign takes to find each one; the
@@ -14,9 +14,31 @@ import numpy as np
 
 from specfuzz.case import Case
 from specfuzz.oracle.params import SamplingParams
-from specfuzz.oracle.speculative import MUTANTS, SpecConfig
+from specfuzz.oracle.speculative import SpecConfig
 
 NEG = -np.inf
+
+# Mutants of the reference sampler (bench/time_to_bug.py): id -> (the event it acts in, what
+# it does). Each changes the law only in runs that go through its event, so a case in which
+# that event has probability 0 samples exactly μ (tests/test_events.py checks this).
+MUTANTS: dict[str, tuple[str, str]] = {
+    "M01": ("reject@2+", "a rejection after an accepted draft resamples from p instead of the residual (p - q)+"),
+    "M02": ("bonus@2+", "the bonus token after two or more accepted drafts is drawn from the last draft position's p"),
+    "M03": ("tree_reject@2+", "a rejection below the tree's root draws from p, not from p without the node's children"),
+    "M04": ("tree_leaf@2+", "the bonus token at a leaf two or more levels deep is the argmax of p, not a sample"),
+    "M05": ("residual_single", "a residual with one token of support emits the rejected draft instead"),
+    "M06": ("residual_small", "a residual of mass below RESIDUAL_SMALL_MASS is replaced by p"),
+    "M07": ("block_weight", "block verification's residual after a partial acceptance drops the weight: (p - q)+, not (w p - q)+"),
+    "M08": ("tree_sibling", "a sibling after a rejected first child is tested with p(child), not p(child) / (1 - mass tested)"),
+    "M09": ("stop_mid_round", "an accepted stop token with drafts after it does not end the output"),
+    "M10": ("max_tokens_cut", "the draft at the last allowed position is accepted untested when more drafts follow"),
+    "M11": ("lag:penalties", "repetition/frequency/presence penalties see the committed output only, not the drafts before the position"),
+    "M12": ("draft_truncated", "a draft outside the target's top-k/top-p/min-p support is tested against the untruncated p"),
+    "M13": ("no_draft", "a round without draft tokens emits the argmax of p instead of a sample"),
+    "M14": ("short_draft", "an n-gram proposal shorter than K is padded with its last token, accepted untested"),
+    "M15": ("outside_draft", "a rejection under a narrower draft resamples only among the draft's token ids"),
+    "M16": ("coin_repeat", "every acceptance test of a round after its first reuses the first test's uniform"),
+}
 
 
 def mutant_witnesses() -> dict[str, Case]:

@@ -38,7 +38,7 @@ Correct algorithms (SPEC §3):
 At verification position i every logits processor sees the committed output plus the
 i uncommitted draft tokens before it (condition 2): the target conditional is always
 evaluated on the full prefix. Bugs are injected by the switches in :data:`BUG_CLASSES`
-(the published catalogue N1-N7) and :data:`MUTANTS` (the time-to-bug bench's mutants, each
+(the published catalogue N1-N7) and :data:`specfuzz.oracle.mutants.MUTANTS` (the time-to-bug bench's mutants, each
 acting in exactly one speculation event of :mod:`specfuzz.oracle.events`).
 
 Events. With ``record_events=True`` a round also lists the speculation events it went
@@ -50,8 +50,8 @@ recorded run samples exactly as an unrecorded one. The drivers live in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Callable, Generator, Iterable, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Generator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -87,27 +87,6 @@ BUG_CLASSES: dict[str, tuple[int, str]] = {
 }
 
 
-# Mutants of the reference sampler (bench/time_to_bug.py): id -> (the event it acts in, what
-# it does). Each changes the law only in runs that go through its event, so a case in which
-# that event has probability 0 samples exactly μ (tests/test_events.py checks this).
-MUTANTS: dict[str, tuple[str, str]] = {
-    "M01": ("reject@2+", "a rejection after an accepted draft resamples from p instead of the residual (p - q)+"),
-    "M02": ("bonus@2+", "the bonus token after two or more accepted drafts is drawn from the last draft position's p"),
-    "M03": ("tree_reject@2+", "a rejection below the tree's root draws from p, not from p without the node's children"),
-    "M04": ("tree_leaf@2+", "the bonus token at a leaf two or more levels deep is the argmax of p, not a sample"),
-    "M05": ("residual_single", "a residual with one token of support emits the rejected draft instead"),
-    "M06": ("residual_small", "a residual of mass below RESIDUAL_SMALL_MASS is replaced by p"),
-    "M07": ("block_weight", "block verification's residual after a partial acceptance drops the weight: (p - q)+, not (w p - q)+"),
-    "M08": ("tree_sibling", "a sibling after a rejected first child is tested with p(child), not p(child) / (1 - mass tested)"),
-    "M09": ("stop_mid_round", "an accepted stop token with drafts after it does not end the output"),
-    "M10": ("max_tokens_cut", "the draft at the last allowed position is accepted untested when more drafts follow"),
-    "M11": ("lag:penalties", "repetition/frequency/presence penalties see the committed output only, not the drafts before the position"),
-    "M12": ("draft_truncated", "a draft outside the target's top-k/top-p/min-p support is tested against the untruncated p"),
-    "M13": ("no_draft", "a round without draft tokens emits the argmax of p instead of a sample"),
-    "M14": ("short_draft", "an n-gram proposal shorter than K is padded with its last token, accepted untested"),
-    "M15": ("outside_draft", "a rejection under a narrower draft resamples only among the draft's token ids"),
-    "M16": ("coin_repeat", "every acceptance test of a round after its first reuses the first test's uniform"),
-}
 # A residual (p - q)+ of total mass below this is "small" (event residual_small).
 RESIDUAL_SMALL_MASS = 0.05
 # Coin slot of a uniform shared by the acceptance tests of one round (mutant M16); the
@@ -197,6 +176,8 @@ class SpecConfig:
         m = self.tree_topk_min
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.tree_topk):
             raise InvalidInput("tree_topk_min", m, f"None or an integer in [1, tree_topk={self.tree_topk}]")
+        from specfuzz.oracle.mutants import MUTANTS
+
         if self.inject is not None and self.inject not in BUG_CLASSES and self.inject not in MUTANTS:
             raise InvalidInput("inject", self.inject, f"None or one of {sorted(BUG_CLASSES)} or a mutant {sorted(MUTANTS)}")
 

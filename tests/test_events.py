@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
 
 from specfuzz.case import Case
 from specfuzz.oracle.catalogue import catalogue
@@ -23,7 +23,8 @@ from specfuzz.oracle.drivers import ExactDriver, MonteCarloDriver
 from specfuzz.oracle.mutants import mutant_witnesses
 from specfuzz.oracle.events import EVENTS, case_events, event_info, event_law, expressible, multi_position
 from specfuzz.oracle.params import SamplingParams
-from specfuzz.oracle.speculative import MUTANTS, SpecConfig, SpeculativeProcess
+from specfuzz.oracle.mutants import MUTANTS
+from specfuzz.oracle.speculative import SpecConfig, SpeculativeProcess
 from specfuzz.strategies import cases
 
 SAMPLING = frozenset({"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
