@@ -161,9 +161,10 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
               help="Runs per candidate before it counts as not reproducing (for crashes that do not happen every time).")
 @click.option("--dry-run", is_flag=True, help="Report the shrunk case; do not write it into the corpus.")
 def shrink_cmd(entry_path, engine, inject, budget, samples, alpha, seed, work_dir, attempts, dry_run) -> None:
-    """Shrink a stored entry on its engine (greedy: smaller vocabulary, prompt, output,
-    K, tree and sampling settings while it still reproduces) and store the result in the
-    entry's folder: a crash stored unshrunk is replaced (its old case kept in the entry).
+    """Shrink a stored entry on its engine while it still reproduces.
+
+    Greedy: smaller vocabulary, prompt, output, K, tree and sampling settings while the
+    entry still reproduces; the result is stored in the entry's folder: a crash stored unshrunk is replaced (its old case kept in the entry).
     A crash that records the request patterns of its crashing batch is shrunk with them
     mixed in each engine call, as it was found: patterns are dropped while it still crashes.
 

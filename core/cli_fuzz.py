@@ -36,7 +36,8 @@ from specfuzz.oracle.budget import SCREEN_ALPHA
               help="Reference engine only: inject a catalogued bug (N1..N7); the campaign must find it.")
 @click.option("--method", "methods", multiple=True, type=method_choice(),
               help="Speculation methods to fuzz (repeatable); 'none' = speculation off (a calibration campaign). Default: all the engine supports.")
-@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=WRITABLE_DIR)
+@click.option("--corpus", "corpus_dir", default="corpus", show_default=True, type=WRITABLE_DIR,
+              help="Where findings, crashes and the campaign state are stored (shared by resumed runs).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Deterministic with the same seed (and engine).")
 @click.option("--workers", default=1, show_default=True, type=Number(1, 64, integer=True), help="Parallel campaign processes sharing the corpus.")
 @click.option("--alpha", default=1e-3, show_default=True, type=ALPHA,
@@ -46,10 +47,12 @@ from specfuzz.oracle.budget import SCREEN_ALPHA
                    "which is confirmed on fresh samples.")
 @click.option("--samples", "max_samples", default=1000, show_default=True, type=COUNT,
               help="Samples per request pattern when the verdict does not fail earlier.")
-@click.option("--max-vocab", default=5, show_default=True, type=MAX_VOCAB)
-@click.option("--max-tokens", default=4, show_default=True, type=MAX_TOKENS)
-@click.option("--dtype", default="float32", show_default=True, type=dtype_choice())
-@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR)
+@click.option("--max-vocab", default=5, show_default=True, type=MAX_VOCAB, help="Largest vocabulary of a drawn table model.")
+@click.option("--max-tokens", default=4, show_default=True, type=MAX_TOKENS, help="Most output tokens per request.")
+@click.option("--dtype", default="float32", show_default=True, type=dtype_choice(),
+              help="The dtype of the table checkpoints and of the engine's computation.")
+@click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR,
+              help="Checkpoints, engine logs and drafts of this run.")
 @click.option("--quiet", is_flag=True, help="No live display; print the summary only.")
 @click.option("--engine-setting", "engine_settings", multiple=True, metavar="KEY=VALUE",
               help="An engine knob passed to the engine's start (value parsed as JSON when it can be), e.g. enforce_eager=false.")
