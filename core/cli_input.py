@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichGroup
 
 from specfuzz.errors import SpecfuzzError
 
@@ -394,7 +395,7 @@ def error_line(exc: BaseException) -> tuple[str, int]:
     raise exc
 
 
-class OneLineErrors(click.Group):
+class OneLineErrors(RichGroup):
     """A click group whose errors are one line on stderr and an exit status (never a traceback
     for bad input), under the real CLI and click's CliRunner alike."""
 
