@@ -20,8 +20,8 @@ from specfuzz.oracle.budget import SCREEN_ALPHA
 
 @click.command("fuzz")
 @click.option_panel("What to fuzz", options=["--engine", "--method", "--inject", "--engine-setting", "--dtype",
-                                             "--max-vocab", "--max-tokens"])
-@click.option_panel("Search", options=["--budget", "--seed", "--batch", "--patterns", "--no-swap", "--max-findings"])
+                                             "--max-vocab", "--max-tokens", "--max-k"])
+@click.option_panel("Search", options=["--budget", "--seed", "--batch", "--patterns", "--no-swap", "--no-steer", "--max-findings"])
 @click.option_panel("Statistics", options=["--alpha", "--screen-alpha", "--samples"])
 @click.option_panel("Engine processes", options=["--workers", "--spare-engines", "--prestart", "--fill-waits", "--ray",
                                                  "--engines", "--gpus-per-engine", "--cpus-per-engine"])
@@ -49,6 +49,8 @@ from specfuzz.oracle.budget import SCREEN_ALPHA
               help="Samples per request pattern when the verdict does not fail earlier.")
 @click.option("--max-vocab", default=5, show_default=True, type=MAX_VOCAB, help="Largest vocabulary of a drawn table model.")
 @click.option("--max-tokens", default=4, show_default=True, type=MAX_TOKENS, help="Most output tokens per request.")
+@click.option("--max-k", default=3, show_default=True, type=Number(1, 16, integer=True),
+              help="Largest number of speculative tokens (chain length, tree depth) drawn where the engine does not fix it.")
 @click.option("--dtype", default="float32", show_default=True, type=dtype_choice(),
               help="The dtype of the table checkpoints and of the engine's computation.")
 @click.option("--work-dir", default=".specfuzz-cache", show_default=True, type=WRITABLE_DIR,
@@ -59,6 +61,9 @@ from specfuzz.oracle.budget import SCREEN_ALPHA
 @click.option("--batch", default=600, show_default=True, type=COUNT, help="Requests per engine call (all patterns of a family mixed).")
 @click.option("--patterns", default=3, show_default=True, type=Number(1, 64, integer=True),
               help="Most request patterns (prompt + sampling settings) per model family; one engine start serves them all. Raise it where starts are slow (GPU engines).")
+@click.option("--no-steer", is_flag=True,
+              help="Draw every start shape and family uniformly instead of steering them toward the speculation events "
+                   "the campaign has covered least (longer drafts, deeper trees, the thin events' sampling features).")
 @click.option("--no-swap", is_flag=True,
               help="Start the engine afresh for every table model instead of loading new tables into the running engine.")
 @click.option("--spare-engines/--no-spare-engines", "spare_engines", default=None,
@@ -89,8 +94,8 @@ from specfuzz.oracle.budget import SCREEN_ALPHA
 @click.option("--cpus-per-engine", default=1.0, show_default=True, type=Number(0, 1024, lo_open=True),
               help="With --ray: CPUs per engine actor.")
 @click.option("--worker-index", default=0, hidden=True, type=Number(0, 64, integer=True))
-def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens,
-             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, spare_engines, prestart, fill_waits, reset_state,
+def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, screen_alpha, max_samples, max_vocab, max_tokens, max_k,
+             dtype, work_dir, quiet, engine_settings, batch, patterns, no_swap, no_steer, spare_engines, prestart, fill_waits, reset_state,
              max_findings, junit_out, json_out, ray_address, engines, gpus_per_engine, cpus_per_engine, worker_index) -> None:
     """Run a fuzz campaign: search, shrink, calibrate, store every finding in the corpus.
 
@@ -140,9 +145,10 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     cfg = CampaignConfig(
         engine=engine, engine_kwargs=engine_kwargs, budget_s=budget_s, corpus_dir=corpus_dir,
         seed=seed, methods=meth, alpha=alpha, screen_alpha=screen_alpha, max_samples=max_samples, max_vocab=max_vocab, max_tokens=max_tokens,
+        max_k=max_k,
         dtype=dtype, work_dir=work_dir, worker=worker_index, workers=workers, engine_settings=parse_settings(engine_settings), batch=batch,
         max_patterns=patterns, swap=not no_swap, reset_state=reset_state, spare_engines=spare_engines, prestart=prestart,
-        fill_waits=fill_waits, max_findings=max_findings,
+        fill_waits=fill_waits, max_findings=max_findings, steer=not no_steer,
     )
     refusals: list[str] = []
     display = None if quiet else LiveDisplay(cfg, console)
@@ -178,7 +184,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--budget", str(budget_s), "--engine", engine,
                    "--corpus", str(corpus_dir), "--seed", str(seed * 1000 + w), "--alpha", str(alpha),
                    "--screen-alpha", str(screen_alpha),
-                   "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens),
+                   "--samples", str(max_samples), "--max-vocab", str(max_vocab), "--max-tokens", str(max_tokens), "--max-k", str(max_k),
                    "--dtype", dtype, "--work-dir", str(work_dir / f"w{w}"), "--quiet", "--worker-index", str(w),
                    "--workers", str(workers)]
             cmd += ["--inject", inject] if inject else []
@@ -188,6 +194,7 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
             for kv in engine_settings:
                 cmd += ["--engine-setting", kv]
             cmd += ["--batch", str(batch), "--patterns", str(patterns)] + (["--no-swap"] if no_swap else [])
+            cmd += ["--no-steer"] if no_steer else []
             cmd += [] if spare_engines is None else ["--spare-engines" if spare_engines else "--no-spare-engines"]
             cmd += [] if prestart is None else ["--prestart" if prestart else "--no-prestart"]
             cmd += [] if fill_waits is None else ["--fill-waits" if fill_waits else "--no-fill-waits"]
@@ -220,10 +227,12 @@ def fuzz_cmd(budget, engine, inject, methods, corpus_dir, seed, workers, alpha, 
     met = outcome.met_since(corpus_dir, before)
     error = error or outcome.engine_error(stats, engine, cfg.engine_kwargs, work_dir=work_dir, dtype=dtype,
                                           settings=cfg.engine_settings)
-    _finish_campaign(engine, corpus_dir, stats, met, error, time.monotonic() - t0, junit_out, json_out, work_dir)
+    _finish_campaign(engine, corpus_dir, stats, met, error, time.monotonic() - t0, junit_out, json_out, work_dir,
+                     coverage=totals.get("coverage"))
 
 
-def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, json_out, work_dir=None) -> None:
+def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, json_out, work_dir=None,
+                     coverage: dict | None = None) -> None:
     """Report what a campaign met (console, --junit-xml, --json) and end with its exit status."""
     from specfuzz.exitcodes import finish, for_campaign
     from specfuzz.fuzz.results import fuzz_results, write_reports
@@ -239,7 +248,7 @@ def _finish_campaign(engine, corpus_dir, stats, met, error, seconds, junit_out, 
         info = next((dict(m.entry.engine) for m in met if m.entry.engine.get("version")), {"name": engine})
         results = fuzz_results(engine=engine, engine_info=info, corpus=corpus_dir, stats=stats, met=met,
                                seconds=seconds, exit_code=int(code), engine_error=error,
-                               drafts_dir=None if work_dir is None else Path(work_dir) / "drafts")
+                               drafts_dir=None if work_dir is None else Path(work_dir) / "drafts", coverage=coverage)
         write_reports(results, json_path=json_out, junit_path=junit_out)
     finish(code)
 

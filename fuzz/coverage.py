@@ -29,6 +29,8 @@ COVERAGE_SCHEMA_VERSION = 1
 # bug living there changes at least that much of the output law's mass, enough for the
 # campaign's samples (1,000 per pattern by default) to see.
 COVERED_P = 0.05
+# Weight of the K values that reach a method's highest thin position (others: 1).
+STEER_K_WEIGHT = 6
 # Case event laws memoised by the campaign (swaps and shrinks rerun the same patterns).
 EVENT_CACHE_SIZE = 4096
 
@@ -182,15 +184,18 @@ class Coverage:
         from specfuzz.strategies import Steer
 
         thin = set(self.thin(method, reach))
-        # K: the positions whose events are thin, weighted up (K >= every thin position).
+        # K: every value that can reach a thin positional event gains STEER_K_WEIGHT (a rejection
+        # at position i: K >= i; a bonus after k drafts, a leaf at depth d: K = k, d). K = 1 is
+        # never favoured: a round of one position reaches no multi-position event.
         k_weights = [1] * max_k
         for e in thin:
             pos = position(e)
-            if pos is not None:
-                for k in range(max(pos, 2), max_k + 1):
-                    k_weights[k - 1] += 2
-        if max_k >= 2 and k_weights[0] >= max(k_weights[1:]):
-            k_weights[0] = 1  # multi-position rounds first, even when nothing is known yet
+            if pos is None:
+                continue
+            exact = e.startswith(("bonus@", "tree_leaf@"))
+            for k in ([pos] if exact else range(pos, max_k + 1)):
+                if 2 <= k <= max_k:
+                    k_weights[k - 1] += STEER_K_WEIGHT
         kinds = {event_info(e).kind for e in thin}
         features = sorted({f for e in thin for f in _FEATURES_FOR.get(e, ())})
         return Steer(

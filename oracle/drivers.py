@@ -108,9 +108,13 @@ class ExactDriver:
     by replaying it along every branch of its random requests.
     """
 
-    def __init__(self, process: SpeculativeProcess, max_states: int = 2_000_000) -> None:
+    def __init__(self, process: SpeculativeProcess, max_states: int = 2_000_000, max_replays: int | None = None) -> None:
         self.process = process
         self.max_states = max_states
+        # Replays of rounds over the whole law (None: no limit): a caller that has a cheaper way
+        # to sample (the reference engine simulates) gives up early on a large process.
+        self.max_replays = max_replays
+        self._replays = 0
 
     def _round_outcomes(self, committed, intervals, coined: frozenset[int] = frozenset()):
         """[(prob, emitted tuple, done, new intervals, events, new coined)] for one round from a state."""
@@ -120,7 +124,8 @@ class ExactDriver:
         while stack:
             script = stack.pop()
             replays += 1
-            if replays > self.max_states:
+            self._replays += 1
+            if replays > self.max_states or (self.max_replays is not None and self._replays > self.max_replays):
                 raise RuntimeError("speculative process too large to enumerate exactly")
             ivs = dict(intervals)
             prob = 1.0

@@ -167,16 +167,17 @@ def expressible(method: str, k_max: int, *, verify: Iterable[str] = ("token",), 
 # -- the exact event law of a case ------------------------------------------------------
 
 
-def event_law(process: SpeculativeProcess, max_states: int = DEFAULT_MAX_STATES) -> EventLaw:
-    """The exact law and event law of a process that records events (``record_events=True``).
+def event_law(process: SpeculativeProcess, max_states: int = DEFAULT_MAX_STATES, max_replays: int | None = None) -> EventLaw:
+    """The exact law of a process and, when it records events (``record_events=True``), its
+    event law: by the analytic walk for a lossless chain with token verification, else by
+    enumerating its rounds (at most ``max_replays`` round replays in all, when given).
 
-    Raises RuntimeError when the process has more than ``max_states`` states per step."""
-    if not process.record_events:
-        raise ValueError("event_law needs a process built with record_events=True")
+    Raises RuntimeError when the process has more than ``max_states`` states per step, or
+    needs more replays."""
     spec = process.spec
     if spec.method in CHAIN_METHODS and spec.verify == "token" and spec.inject is None:
         return propagate(lambda committed, coined: _chain_outcomes(process, committed, coined), frozenset(), max_states)
-    return ExactDriver(process, max_states=max_states).event_law()
+    return ExactDriver(process, max_states=max_states, max_replays=max_replays).event_law()
 
 
 def case_events(case, profile: str = "vllm", max_states: int = DEFAULT_MAX_STATES) -> EventLaw | None:

@@ -467,16 +467,20 @@ class SpeculativeProcess:
         uncommitted drafts after the committed output (``verifying``: a draft is tested there)."""
         if not self.record_events or any(t < 0 or t >= self.V for t in out):
             return
-        if lag:
+        if lag and self._lag_processors:
             try:
                 base = self.target.conditional(out)  # [V]
-                for name in self._lag_processors:
-                    if not np.array_equal(base, self.target.conditional(out, {name: lag})):
-                        res.events.append(f"lag:{name}")
             except AmbiguousSemantics:
-                pass
-            if verifying and self._narrow:
-                res.events.append("narrow_lag")
+                base = None  # only past the output's end (after an injected bug)
+            for name in self._lag_processors if base is not None else ():
+                try:
+                    lagging = self.target.conditional(out, {name: lag})  # [V]
+                except AmbiguousSemantics:
+                    lagging = None  # the lagging view masks every token: it differs too
+                if lagging is None or not np.array_equal(base, lagging):
+                    res.events.append(f"lag:{name}")
+        if lag and verifying and self._narrow:
+            res.events.append("narrow_lag")
         if self._narrow and float(p[self._outside].sum()) > 0:
             res.events.append("outside_draft")
 

@@ -81,12 +81,15 @@ def tables(draw, rows: int, cols: int, kind: str | None = None) -> np.ndarray:
 
 
 @st.composite
-def draft_tables(draw, target: np.ndarray, v_draft: int, steer: Steer | None = None, eos: int | None = None) -> np.ndarray:
+def draft_tables(draw, target: np.ndarray, v_draft: int, steer: Steer | None = None, eos: int | None = None,
+                 d2t: tuple[int, ...] | None = None) -> np.ndarray:
     """A draft table [max(V, V_draft), V_draft]: unrelated, identical or perturbed; with a
     ``steer`` also *near* the target (each logit moved by at most 1/4: p ~ q, so rejections
     come late and residuals are small), *reversed* (the target's logits negated: the draft
     prefers what the target ranks last, which top-k/top-p/min-p cut) and *stop-seeking*
-    (the target's with EOS raised by 2: EOS drafted mid-round)."""
+    (the target's with EOS raised by 2: EOS drafted mid-round). A related draft narrower than
+    the target takes the target's columns of its ids (``d2t``, else the first ``v_draft``);
+    a wider one is unrelated."""
     V = target.shape[0]
     rows = max(V, v_draft)
     options, weights = ["unrelated", "identical", "perturbed"], [1, 1, 1]
@@ -94,20 +97,23 @@ def draft_tables(draw, target: np.ndarray, v_draft: int, steer: Steer | None = N
         options += ["near", "reversed", "stop-seeking"]
         weights += [3 if steer.near else 1, 3 if steer.truncated else 1, 3 if steer.stop and eos is not None else 0]
     rel = _weighted(draw, options, weights)
-    if rel == "unrelated" or v_draft != V:
+    if rel == "unrelated" or v_draft > V or (v_draft < V and steer is None):
         return draw(tables(rows, v_draft))
-    base = np.where(np.isfinite(target), target, -8.0)
+    cols = list(d2t) if d2t is not None else list(range(v_draft))
+    base = np.where(np.isfinite(target), target, -8.0)[:, cols]  # [V, V_draft]
     if rel == "identical":
         return base
     if rel == "near":
-        return base + np.array(draw(st.lists(st.sampled_from([0.0, 0.25, -0.25]), min_size=V * V, max_size=V * V))).reshape(V, V)
+        return base + np.array(draw(st.lists(st.sampled_from([0.0, 0.25, -0.25]), min_size=base.size,
+                                             max_size=base.size))).reshape(base.shape)
     if rel == "reversed":
         return -base
     if rel == "stop-seeking":
         out = base.copy()
-        out[:, eos] += 2.0
+        if eos in cols:
+            out[:, cols.index(eos)] += 2.0
         return out
-    noise = np.array(draw(st.lists(_LOGIT, min_size=V * V, max_size=V * V))).reshape(V, V) / 2
+    noise = np.array(draw(st.lists(_LOGIT, min_size=base.size, max_size=base.size))).reshape(base.shape) / 2
     return base + noise
 
 
@@ -375,7 +381,8 @@ def shape_cases(draw, shape: StartShape, max_tokens: int = 3, sampling: frozense
     lo = min(max_tokens, min_tokens_speculating) if shape.spec is not None else 1
     mt = _max_tokens(draw, lo, max_tokens, steer)
     params = draw(sampling_params(V, mt, shape.eos_token_id, sampling, exclusive, steer))
-    draft = draw(draft_tables(target, shape.draft_width, steer, shape.eos_token_id)) if shape.draft_width is not None else None
+    draft = (draw(draft_tables(target, shape.draft_width, steer, shape.eos_token_id, shape.draft_d2t))
+             if shape.draft_width is not None else None)
     return Case(target, prompt, params, eos_token_id=shape.eos_token_id, spec=shape.spec, draft_table=draft,
                 draft_d2t=shape.draft_d2t)
 
