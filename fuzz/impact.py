@@ -156,7 +156,7 @@ def plan_impact(entry) -> ImpactPlan:
     settings = dict(entry_settings(entry))
     if settings:
         carried.append("adapter settings " + json.dumps(settings, sort_keys=True))
-    return ImpactPlan(entry.kind, ENGINES[name][0], name, spec, float(params.temperature), int(params.top_k),
+    return ImpactPlan(entry.kind, ENGINES[name][0], name, spec, float(params.temperature), max(int(params.top_k), 0),
                       float(params.top_p), min_p, dtype, settings, tuple(carried), tuple(not_carried), reason)
 
 

@@ -30,6 +30,7 @@ def test_the_method_k_window_and_sampling_are_carried_and_table_token_ids_are_no
     names = " ".join(p.not_carried)
     assert "presence_penalty=0.5 (compare's reference law has no penalties)" in names
     assert "allowed_token_ids=" in names and "stop_token_ids=" in names and "no counterpart in SmolLM2" in names
+    assert plan_impact(_entry("finding-f018724b48c4b56c.json")).top_k == 0  # the table's -1 (off) is compare's 0
     cal = plan_impact(_entry("h200/vllm/calibration-b9634bdd455b4365.json"))  # speculation off, top_p 0.9
     assert cal.spec is None and cal.top_p == 0.9 and cal.not_carried == () and cal.dtype == "float32"
     ng = plan_impact(_entry("h200/sglang/finding-065f698102ca951f.json"))

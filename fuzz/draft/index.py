@@ -74,9 +74,9 @@ def rows(root: Path) -> list[tuple[str, list[list[str]]]]:
                 continue
             entry = json.loads(p.read_text(encoding="utf-8"))
             issue = d.read_text(encoding="utf-8")
-            title = issue.splitlines()[0].removeprefix("# ").removeprefix("[Bug]: ").removeprefix("[Bug] ")
+            heading = issue.splitlines()[0].removeprefix("# ").removeprefix("[Bug]: ").removeprefix("[Bug] ")
             eng = f"{entry.get('engine', {}).get('name')} {entry.get('engine', {}).get('version', '')}".strip()
-            symptom = title.split(": ", 1)[1] if ": " in title else title
+            symptom = heading.split(": ", 1)[1] if ": " in heading else heading
             section.append([KIND_ORDER.get(entry.get("kind"), 9), stem, [
                 f"`{drafts}/{stem}/`", eng, _cell(symptom), _cell(_releases(entry)),
                 _cell(_verification(issue)), _cell(_impact(entry))]])
