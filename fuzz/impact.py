@@ -226,13 +226,17 @@ def impact_record(plan: ImpactPlan, comp=None, *, command: str = "") -> dict:
                device=str(a.version.get("device", "")), settings=plan.summary(),
                not_carried="; ".join(plan.not_carried) or None)
     if test is not None:
-        e = "inf" if test.log_e == math.inf else (f"{math.exp(test.log_e):.3g}" if test.log_e < 700 else f"e^{test.log_e:.0f}")
-        rec.update(verdict=test.status, e_value=e, log_e=test.log_e if math.isfinite(test.log_e) else str(test.log_e),
+        rec.update(verdict=test.status, e_value=_e(test.log_e), log_e=test.log_e if math.isfinite(test.log_e) else str(test.log_e),
                    tokens=test.tokens, samples=test.samples, tolerance=round(test.tolerance, 6), evidence=test.evidence)
         if test.status != "fail":
             tv = detectable_tv(test.tokens, test.alpha, test.bin_tolerance, PIT_BINS)
             rec["power"] = (f"power: a departure of the PIT-bin law from uniform of total variation ≥ {tv:.2g} would have "
-                            f"reached 1/α = {1 / test.alpha:g} within these {test.tokens} tokens")
+                            f"reached 1/α = {1 / test.alpha:g} within these {test.tokens} tokens" if tv < 0.5 else
+                            f"power: none to speak of: the {plan.dtype} rounding spread needs a relative tolerance of "
+                            f"{test.tolerance:.2g} per token, under which no departure could have been told apart")
+        if plan.spec is not None and a.calibration is not None:
+            c = a.calibration
+            rec["speculation_off"] = f"{c.status}: e-value {_e(c.log_e)} after {c.tokens} tokens"
         if plan.spec is not None and a.calibration is not None and a.calibration.status == "fail":
             rec["verdict"] = "undecided"
             rec["evidence"] = ("speculation off already fails the same test (the reference does not describe this "
@@ -244,6 +248,10 @@ def impact_record(plan: ImpactPlan, comp=None, *, command: str = "") -> dict:
         rec["greedy"] = (f"{g.matches}/{g.prompts} prompts identical to speculation off"
                          + (f" ({'; '.join(g.flags)})" if g.flags else ""))
     return rec
+
+
+def _e(log_e: float) -> str:
+    return "inf" if log_e == math.inf else (f"{math.exp(log_e):.3g}" if log_e < 700 else f"e^{log_e:.0f}")
 
 
 def record_in_entry(path: Path, rec: dict) -> None:

@@ -258,6 +258,8 @@ def impact_line(rec: Mapping | None, crash: bool = False) -> str:
     s += ")"
     if rec.get("not_carried"):
         s += f"; not carried: {rec['not_carried']}"
+    if rec.get("speculation_off"):
+        s += f"; speculation off: {rec['speculation_off']}"
     if rec.get("greedy"):
         s += f"; greedy: {rec['greedy']}"
     return s + (f" [{rec['date']}]" if rec.get("date") else "") + "."
