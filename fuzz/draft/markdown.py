@@ -251,7 +251,8 @@ def impact_line(rec: Mapping | None, crash: bool = False) -> str:
     verdict = rec.get("verdict")
     what = {"fail": "its outputs leave the model's distribution", "pass": "no departure seen",
             "undecided": "undecided"}.get(str(verdict), str(verdict))
-    s = (f"{model} on {rec.get('engine_version', 'the same engine')} with {rec.get('settings', 'the same settings')}: "
+    eng = {"vllm": "vLLM", "sglang": "SGLang", "hf-transformers": "transformers"}.get(str(rec.get("engine")), rec.get("engine"))
+    s = (f"{model} on {eng} {rec.get('engine_version', '')} with {rec.get('settings', 'the same settings')}: "
          f"{what} (e-value {rec.get('e_value')} after {rec.get('tokens')} tokens")
     if verdict != "fail" and rec.get("power"):
         s += f"; {rec['power']}"
