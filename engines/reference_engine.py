@@ -57,10 +57,11 @@ class ReferenceEngine(Engine):
     name = "reference"
 
     def __init__(self, inject: str | None = None, mode: str = "exact") -> None:
-        from specfuzz.oracle.mutants import MUTANTS
+        from specfuzz.oracle.mutants import CONTROLS, MUTANTS
 
-        if inject is not None and inject not in BUG_CLASSES and inject not in MUTANTS:
-            raise InvalidInput("inject", inject, f"None or one of {sorted(BUG_CLASSES)} or a mutant {sorted(MUTANTS)}")
+        if inject is not None and inject not in {**BUG_CLASSES, **MUTANTS, **CONTROLS}:
+            raise InvalidInput("inject", inject,
+                               f"None or one of {sorted(BUG_CLASSES)}, a mutant {sorted(MUTANTS)} or a control {sorted(CONTROLS)}")
         if mode not in SAMPLING_MODES:
             raise InvalidInput("mode", mode, f"one of {SAMPLING_MODES}")
         self.inject = inject

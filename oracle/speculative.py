@@ -176,10 +176,11 @@ class SpecConfig:
         m = self.tree_topk_min
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.tree_topk):
             raise InvalidInput("tree_topk_min", m, f"None or an integer in [1, tree_topk={self.tree_topk}]")
-        from specfuzz.oracle.mutants import MUTANTS
+        from specfuzz.oracle.mutants import CONTROLS, MUTANTS
 
-        if self.inject is not None and self.inject not in BUG_CLASSES and self.inject not in MUTANTS:
-            raise InvalidInput("inject", self.inject, f"None or one of {sorted(BUG_CLASSES)} or a mutant {sorted(MUTANTS)}")
+        if self.inject is not None and self.inject not in {**BUG_CLASSES, **MUTANTS, **CONTROLS}:
+            raise InvalidInput("inject", self.inject,
+                               f"None or one of {sorted(BUG_CLASSES)}, a mutant {sorted(MUTANTS)} or a control {sorted(CONTROLS)}")
 
     @property
     def uses_draft_model(self) -> bool:
@@ -391,7 +392,8 @@ class SpeculativeProcess:
         n_ctx = len(ctx)
         for n in range(min(self.spec.ngram_max, n_ctx - 1), self.spec.ngram_min - 1, -1):
             suffix = ctx[n_ctx - n :]
-            for start in range(n_ctx - n - 1, -1, -1):
+            starts = range(n_ctx - n - 1, -1, -1) if self.spec.inject != "L2" else range(n_ctx - n)
+            for start in starts:
                 if ctx[start : start + n] == suffix:
                     return list(ctx[start + n : start + n + K])
         return []
@@ -552,15 +554,16 @@ class SpeculativeProcess:
         qs: list[np.ndarray] = []  # each [W], the distribution the drafter sampled from
         if spec.method in CHAIN_DRAFT_METHODS:
             ctx = self.prompt + committed
+            greedy = spec.draft_sampling == "greedy" or spec.inject == "L1"
             for _ in range(K):
                 qd = self.q_at(ctx[-1], ())  # [V_draft]
-                if spec.draft_sampling == "greedy":
+                if greedy:
                     j = int(np.argmax(qd))
                 else:
                     j = yield Draw(qd)
                 tok = int(self._d2t[j])
                 drafts.append(tok)
-                if spec.draft_sampling == "greedy":
+                if greedy:
                     qrow = np.zeros(W)
                     qrow[tok] = 1.0
                 else:

@@ -188,3 +188,24 @@ def test_multi_position_events():
     assert multi_position("reject@2") and not multi_position("reject@1")
     assert multi_position("tree_leaf@3") and not multi_position("bonus@1")
     assert multi_position("lag:penalties") and multi_position("stop_mid_round") and not multi_position("residual_single")
+
+
+@pytest.mark.parametrize("control", ["L1", "L2"])
+def test_a_lossless_control_samples_exactly_mu(control):
+    checked = []
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(mutant_cases)
+    def check(case):
+        ev = case_events(case)
+        if ev is None:
+            return
+        try:
+            law = ExactDriver(_process(case, inject=control, record=False), max_states=20_000).law()
+        except RuntimeError:
+            return
+        checked.append(case)
+        assert _close(law, ev.law, 1e-9)
+
+    check()
+    assert len(checked) >= 10
