@@ -209,3 +209,12 @@ def test_a_lossless_control_samples_exactly_mu(control):
 
     check()
     assert len(checked) >= 10
+
+
+def test_the_docs_catalogue_of_events_is_the_one_generated_from_the_code():
+    from pathlib import Path
+
+    from specfuzz.oracle.events import main
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "events.md"
+    assert main([str(page), "--check"]) == 0, "docs/events.md is stale: run python -m specfuzz.oracle.events docs/events.md"
