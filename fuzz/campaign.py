@@ -114,6 +114,8 @@ SPARE_MIN_CPUS = 8
 FILL_DRAWS = 3
 FILL_MIN_LEFT_S = 5.0
 MAX_DEFERRED = 8
+# At the end of a campaign, the longest wait for the events of families still being computed.
+COVERAGE_DRAIN_S = 30.0
 ENGINE_COUNTERS = ("starts", "warm_starts", "hot_starts", "prestarts", "swaps", "swap_fallbacks")
 
 
@@ -767,7 +769,7 @@ class Campaign:
         eng["samples"] += sum(r.n for r in runs)
         if method != "off":
             self.coverage.profile = self._profile
-            self.coverage.record(cases, [r.n for r in runs])
+            self.coverage.record(cases, [r.n for r in runs], background=True)
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
@@ -1260,9 +1262,11 @@ class Campaign:
         method = methods[(i + offset) % n]
         defaults = dict(getattr(caps, "spec_defaults", {}) or {})
         default = method in defaults and (i < n or (i // n) % DEFAULT_EVERY == 0)
-        self._steer = self.steer_for(method)
-        if not self.cfg.steer:
-            self._steer = None
+        # Steered toward the method's thinly covered events (fuzz/coverage.py), unless --no-steer.
+        self.coverage.drain()
+        reach = self.reach(method)
+        self.coverage.set_reach(method, reach)
+        self._steer = self.coverage.steer(method, reach, self.cfg.max_k) if self.cfg.steer else None
         strategy = start_shapes(
             methods=(method,), draft_vocab=caps.draft_vocab, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
             spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"),
@@ -1275,12 +1279,6 @@ class Campaign:
         caps = self.engine.capabilities()
         default_k = (dict(getattr(caps, "spec_defaults", {}) or {}).get(method) or {}).get("num_speculative_tokens")
         return reachable(method, caps, self.cfg.max_k, default_k)
-
-    def steer_for(self, method: str):
-        """The Steer of the next search of ``method``: toward its thinly covered events."""
-        reach = self.reach(method)
-        self.coverage.set_reach(method, reach)
-        return self.coverage.steer(method, reach, self.cfg.max_k)
 
     def _strategy(self, shape: StartShape):
         """Case families of one start shape (every family served by one engine start)."""
@@ -2069,6 +2067,7 @@ class Campaign:
             for e in self._engines:
                 e.close()
             self._drain_events()
+            self.coverage.drain(wait=True, timeout_s=COVERAGE_DRAIN_S)
             self._save_state()
         return self.stats
 
