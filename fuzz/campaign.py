@@ -84,7 +84,7 @@ EXAMPLES_PER_SEARCH = 300
 SHRINK_MIN_S = 60.0
 SHRINK_SHARE = 0.15
 # Shortest time slice of one search (see Campaign._slice_s).
-SEARCH_SLICE_MIN_S = 20.0
+SEARCH_SLICE_MIN_S = 10.0
 # A search runs at least this many times the engine's (typical) start time, so that an
 # engine start is amortised over many swapped table models.
 SLICE_START_FACTOR = 8.0

@@ -241,6 +241,7 @@ class Coverage:
         return Steer(
             k_weights=tuple(k_weights),
             block="block_weight" in thin,
+            wide_trees=bool(thin & {"tree_sibling", "tree_unfilled"}),
             narrower="vocab" in kinds,
             features=tuple(features),
             near="residual_small" in thin or any((position(e) or 0) >= 2 for e in thin),

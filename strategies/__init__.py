@@ -32,13 +32,15 @@ class Steer:
     ``k_weights[k-1]``: the relative weight of K = k (chain length, tree depth); ``block``:
     block verification more often; ``narrower``: a draft narrower than the target more often;
     ``features``: sampling features drawn on 3 times in 4 instead of 1 in 2; ``near``: drafts
-    close to the target (late rejections, small residuals); ``truncated``: drafts that prefer
+    close to the target (late rejections, small residuals); ``wide_trees``: trees of two or more
+    children per node (siblings, unfilled nodes); ``truncated``: drafts that prefer
     what the target ranks last (drafts cut by top-k/top-p/min-p); ``stop``: drafts that
     favour EOS (stop tokens accepted mid-round). Every weighted choice still shrinks toward
     its simplest value."""
 
     k_weights: tuple[int, ...] = (1, 3, 3)
     block: bool = False
+    wide_trees: bool = False
     narrower: bool = False
     features: tuple[str, ...] = ()
     near: bool = True
@@ -218,7 +220,10 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
             lo = pick(draw, "ngram_min", [1, 2])
             kw["ngram_min"], kw["ngram_max"] = lo, ints(draw, "ngram_max", lo, 3, method)
         if method in ("eagle_tree", "ngram_tree"):
-            kw["tree_topk"] = ints(draw, "tree_topk", 1, 3, method, cap=vocab if method == "eagle_tree" else None)
+            cap = vocab if method == "eagle_tree" else None
+            # Steered toward siblings: two or more children per node, where the engine takes it.
+            wide = steer is not None and steer.wide_trees and 2 in values("tree_topk", 1, min(3, cap or 3), method)
+            kw["tree_topk"] = ints(draw, "tree_topk", 2 if wide else 1, 3, method, cap=cap)
             # Steered: a budget that leaves room for the tree's depth (K levels).
             lo = min(6, max(1, K)) if steer is not None else 1
             kw["tree_budget"] = ints(draw, "tree_budget", lo, 6, method)
