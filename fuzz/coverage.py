@@ -246,7 +246,7 @@ class Coverage:
             features=tuple(features),
             near="residual_small" in thin or any((position(e) or 0) >= 2 for e in thin),
             truncated="draft_truncated" in thin,
-            stop="stop_mid_round" in thin,
+            stop=bool(thin & {"stop_mid_round", "lag:min_tokens", "lag:thinking"}),
         )
 
 

@@ -34,8 +34,9 @@ class Steer:
     ``features``: sampling features drawn on 3 times in 4 instead of 1 in 2; ``near``: drafts
     close to the target (late rejections, small residuals); ``wide_trees``: trees of two or more
     children per node (siblings, unfilled nodes); ``truncated``: drafts that prefer
-    what the target ranks last (drafts cut by top-k/top-p/min-p); ``stop``: drafts that
-    favour EOS (stop tokens accepted mid-round). Every weighted choice still shrinks toward
+    what the target ranks last (drafts cut by top-k/top-p/min-p); ``stop``: an EOS in the
+    start shape 3 times in 4, and drafts that favour it (stop tokens accepted mid-round,
+    min_tokens and thinking budgets ending inside a round). Every weighted choice still shrinks toward
     its simplest value."""
 
     k_weights: tuple[int, ...] = (1, 3, 3)
@@ -331,7 +332,10 @@ def start_shapes(
         Vs = [v for v in Vs if any(v >= n for n in need.values())] or Vs
         floors = {**floors, **need}
     V = draw(st.sampled_from(Vs))
-    eos = draw(st.none() | st.integers(0, V - 1))
+    if steer is not None and steer.stop and draw(st.integers(0, 3)) > 0:
+        eos = draw(st.integers(0, V - 1))  # stop events are thin: an EOS 3 times in 4
+    else:
+        eos = draw(st.none() | st.integers(0, V - 1))
     if not speculation:
         return StartShape(V, eos, None)
     fit = tuple(m for m in methods if floors.get(m, 2) <= V) or methods
