@@ -409,6 +409,22 @@ class SpeculativeProcess:
             res.done = True
         return res.done
 
+    def _resample(self, res: RoundResult, raw: np.ndarray, p: np.ndarray, rejected: int | None, from_p: bool) -> RoundGen:
+        """The token after a rejection: drawn from the residual ``raw`` [W] normalised (p [W] when
+        it has no mass, or ``from_p``: mutants M01, M03). ``rejected``: the rejected draft (in a
+        tree, the node's first child). Mutants M05, M06, M15 act here too."""
+        self._residual_events(res, raw)
+        inject = self.spec.inject
+        if inject == "M05" and rejected is not None and int(np.count_nonzero(raw)) == 1:
+            return rejected
+        dist = _normalise(raw)
+        if dist is None or from_p or (inject == "M06" and 0 < raw.sum() < RESIDUAL_SMALL_MASS):
+            dist = p
+        if inject == "M15" and self._narrow and float(dist[self._outside].sum()) > 0:
+            inside = np.where(self._outside, 0.0, dist)
+            dist = _normalise(inside) if inside.sum() > 0 else dist
+        return (yield Draw(dist))
+
     def _final_draw(self, committed: tuple[int, ...], res: RoundResult, p: np.ndarray, greedy: bool) -> RoundGen:
         """The round's last token from ``p`` [W]; ``greedy`` (mutants M04, M13): its argmax, no draw."""
         tok = int(np.argmax(p)) if greedy else (yield Draw(p))
@@ -520,20 +536,7 @@ class SpeculativeProcess:
                 out = out + (d,)
                 continue
             self._note(res, f"reject@{i + 1}")
-            raw = np.maximum(p - q, 0.0)  # [W]
-            self._residual_events(res, raw)
-            resid = _normalise(raw)
-            if resid is None:
-                resid = p
-            if (inject == "M01" and i >= 1) or (inject == "M06" and 0 < raw.sum() < RESIDUAL_SMALL_MASS):
-                resid = p
-            if inject == "M15" and self._narrow and float(resid[self._outside].sum()) > 0:
-                inside = np.where(self._outside, 0.0, resid)
-                resid = _normalise(inside) if inside.sum() > 0 else resid
-            if inject == "M05" and d >= 0 and int(np.count_nonzero(raw)) == 1:
-                tok = d
-            else:
-                tok = yield Draw(resid)
+            tok = yield from self._resample(res, np.maximum(p - q, 0.0), p, d if d >= 0 else None, i >= 1 and inject == "M01")
             done = self._emit(committed, res, int(tok))
             if self._penalised and d >= 0 and tok != d and not done:
                 self._note(res, "rejected_in_history")
@@ -592,14 +595,14 @@ class SpeculativeProcess:
         else:
             self._note(res, f"reject@{tau + 1}")
             raw = np.maximum(w[tau] * ps[tau] - qs[tau], 0.0)  # [W]
-            self._residual_events(res, raw)
             if tau >= 1 and w[tau] < 1.0:
                 self._note(res, "block_weight")
                 if inject == "M07":
                     raw = np.maximum(ps[tau] - qs[tau], 0.0)
-            nxt = _normalise(raw)
-            if nxt is None or (inject == "M01" and tau >= 1):
-                nxt = ps[tau]
+            tok = yield from self._resample(res, raw, ps[tau], drafts[tau] if drafts[tau] >= 0 else None,
+                                            tau >= 1 and inject == "M01")
+            self._emit(committed, res, int(tok))
+            return
         tok = yield Draw(nxt)
         self._emit(committed, res, int(tok))
 
@@ -658,11 +661,7 @@ class SpeculativeProcess:
             self._note(res, f"tree_reject@{len(path) + 1}")
             rest = p.copy()
             rest[list(set(kids))] = 0.0
-            self._residual_events(res, rest)
-            rest = _normalise(rest)
-            if rest is None or (inject == "M03" and path):
-                rest = p
-            tok = yield Draw(rest)
+            tok = yield from self._resample(res, rest, p, kids[0], bool(path) and inject == "M03")
             self._emit(committed, res, int(tok))
             return
 
