@@ -35,7 +35,7 @@ import numpy as np
 
 from specfuzz.case import Case
 from specfuzz.errors import AmbiguousSemantics, InvalidInput, SpecfuzzError
-from specfuzz.fuzz.campaign import crash_key, entry_crash_key, family_key
+from specfuzz.fuzz.families import crash_key, entry_crash_key, family_key
 from specfuzz.oracle.params import SamplingParams
 
 # Sampling fields that hold target token ids (remapped when a token is dropped).
