@@ -316,9 +316,9 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         SEARCH_SLICE_MIN_S), at most budget x workers / (2 x methods) when that is longer than
         the minimum: the campaign searches every method about twice. Its W workers start at
         methods spread over the n (:meth:`_shape`), so each needs only 2n/W searches of its own
-        for that; before, each worker's slices were as short as one worker's, and on the H200
-        (SGLang, 3 workers, 960 s, 6 methods) an 80-s slice after a ~30-s start left a search's
-        start 28% of its wall. The search's engine starts do not count against it (:meth:`_search`)."""
+        for that, and its slices are W times longer than one worker's would be, which keeps an
+        engine start a small part of a search's wall. The search's engine starts do not count
+        against it (:meth:`_search`)."""
         e = self.engine
         start_s = e.seconds["start"] / e.starts if e.starts else FIRST_START_GUESS_S
         workers = max(1, self.cfg.workers)

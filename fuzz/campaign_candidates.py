@@ -43,7 +43,7 @@ from specfuzz.oracle.law import OutputSpaceTooLarge
 MAX_CALIBRATION_REDUCTIONS = 16
 # A confirmation samples up to this many times --samples: as many as the candidate's own run
 # suggests its level needs (confirmation_samples), since a fresh start costs far more than
-# samples (SGLang on the H200: ~30 s against ~900 samples/s).
+# samples (a GPU engine's start takes tens of seconds; it samples hundreds per second).
 CONFIRM_MAX_FACTOR = 8
 # Margin on that estimate (the evidence of a run of n samples grows about linearly in n).
 CONFIRM_MARGIN = 1.5
@@ -74,7 +74,7 @@ class CandidatesMixin:
         # Its fresh confirmation's engine starts now, in the background, while the
         # checks below run on the running engines (speculation off, screened again):
         # with speculation off where most candidates confirmed so far were calibration
-        # bugs (SGLang on the H200: 6 of 14 fresh prestarts went unused for that).
+        # bugs (the kind of start a confirmation most likely needs).
         ahead = speculation and not self._calibration_likely()
         self._prestart_fresh(run.case, ahead)
         if speculation:
@@ -96,7 +96,7 @@ class CandidatesMixin:
         if spec == speculation:
             # Screened again alone, on the running engine (fresh samples, the screening
             # level), before a fresh engine starts for it: the confirmation runs it alone
-            # too, and a fresh start costs 21-60 s on the H200. A candidate that failed
+            # too, and a fresh start costs far more than a run. A candidate that failed
             # only among the family's other patterns (vLLM's top-p kernel runs on batches
             # of 8+ rows) or by chance passes here. (The speculation-off run above is
             # this second look for a calibration bug.)
@@ -167,21 +167,17 @@ class CandidatesMixin:
         candidate is that finding met again: the entry is marked seen again (once per run and
         method, after a confirmation at the next α_j on the same engine, as any known bug; the
         other method is recorded in its ``extra.also_seen_under``) and the candidate is not
-        confirmed afresh, shrunk or stored as a variant. (On the H200, 2026-12-03, SGLang's
-        STANDALONE bug with min_p and a frequency penalty was stored, then confirmed again with
-        a presence penalty too, its shrink cut short by the run's end. On an H100, 2026-12-06,
-        SGLang's STANDALONE "continues past the EOS" bug was stored again under EAGLE and
-        EAGLE3, which run through the same worker, each after a fresh confirmation and a
-        shrink.) The candidate's own method's findings are tried first. The stored bug masks a
-        second one only while the stored one is not fixed: a variant whose reduction passes, or
-        shows another symptom, goes on as any candidate.
+        confirmed afresh, shrunk or stored as a variant: one engine bug met with more sampling
+        settings, or under another method that runs through the same worker (SGLang's EAGLE,
+        EAGLE-3 and STANDALONE), stays one entry. The candidate's own method's findings are
+        tried first. The stored bug masks a second one only while the stored one is not fixed:
+        a variant whose reduction passes, or shows another symptom, goes on as any candidate.
 
         The running engine's state that outlives a request (the prefix cache, SGLang's n-gram
         trie) is reset before the reduced run, as the swap before the candidate's own run reset
         it: SGLang's NGRAM zero padding shows only while the trie holds no continuation, so on
-        the candidate's filled trie the reduced case passed and the candidate was stored again
-        as a new variant (finding-d5b4, met with min_p on the H100, 2026-12-05, most likely
-        finding-065f)."""
+        the candidate's filled trie the reduced case would pass and the candidate be stored
+        again as a new variant."""
         case_json = run.case.to_json()
         method = (case_json.get("spec") or {}).get("method")
         if not method or not self.finding_entries:
@@ -299,10 +295,9 @@ class CandidatesMixin:
         that case (e.g. a top-p boundary tie once a penalty that broke it is gone: ambiguous
         semantics; or an output space too large once ignore_eos is off), the reductions that keep
         one more of the candidate's features, then two, ... (at most MAX_CALIBRATION_REDUCTIONS),
-        are tried in turn and the first one the oracle takes is run. (On the H200, 2026-12-03, a
-        top-p bug met with ignore_eos, min_tokens and a repetition penalty was not recognised as
-        the stored top-p entry, with no reduced run in the family log, and was shrunk and stored
-        again.) None: no reduction could be run."""
+        are tried in turn and the first one the oracle takes is run, so that e.g. a stored top-p
+        bug met with ignore_eos, min_tokens and a repetition penalty is still recognised. None:
+        no reduction could be run."""
         extra = sorted(feats - set(features))
         why = ""
         tries = itertools.chain.from_iterable(itertools.combinations(extra, k) for k in range(len(extra)))
@@ -322,8 +317,8 @@ def confirmation_samples(run: CaseRun, alpha: float, samples: int) -> int:
     evidence, growing at the rate it showed, would reach 1/alpha (with CONFIRM_MARGIN), between
     ``samples`` and CONFIRM_MAX_FACTOR x ``samples``. A candidate screened at 1e-3 with 1000
     samples and confirmed at an α_j of 1e-9 needs about three times the evidence: with only
-    ``samples`` its confirmation often did not reach its level, a fresh engine start spent for
-    nothing (SGLang on the H200: ~30 s each). The test is anytime-valid and stops at its level,
+    ``samples`` its confirmation would often not reach its level, a fresh engine start spent for
+    nothing. The test is anytime-valid and stops at its level,
     so a decisive failure (an output μ forbids) still stops at once; sizing the confirmation
     from an earlier, independent run does not change its false-alarm level."""
     j = run.judgement

@@ -167,8 +167,7 @@ class EnginePoolMixin:
             if shape.spec is not None and self._spec_off_engine is not None and self._spec_off_engine.starts > 0:
                 # The speculation-off engine of that shape too, once candidates have needed one:
                 # a search's first candidate checks speculation off (and known calibration bugs)
-                # on it, and a start per search for it was 295 of 2,027 worker-s of a SGLang
-                # campaign on the H200 (2026-12-04: 13 starts of ~22 s).
+                # on it, which would otherwise wait for its start once per search.
                 self._spec_off_next = (index, engine_config(
                     fam[0], Path(self.cfg.work_dir) / "checkpoints", dtype=self.cfg.dtype,
                     speculation=False, settings=dict(self.cfg.engine_settings)))
@@ -181,7 +180,7 @@ class EnginePoolMixin:
         the one prestarted for the running search waits untaken: it is kept until the search
         used its speculation-off engine (called again after each run on it) or ended
         (``search_over``). An engine holds one prestart, so the next search's, made at the
-        running search's first family, used to end the running search's own before its first
+        running search's first family, would end the running search's own before its first
         candidate could take it."""
         eng, pending = self._spec_off_engine, self._spec_off_next
         if eng is None or pending is None or pending[0] <= self.search_index:
@@ -196,9 +195,8 @@ class EnginePoolMixin:
     def _prestart_calibration(self, case: Case) -> None:
         """Before a shrunk speculation failure's fresh confirmation: prestart the
         speculation-off engine on its case, which :meth:`_store_failure` then checks with
-        speculation off, so that the two starts overlap. A shrink that drops a vocabulary token
-        moves the case to another start: on the H200 (SGLang, 2026-12-04) each new entry then
-        waited for a fresh start (~22 s) and after it a speculation-off start (~24 s)."""
+        speculation off, so that the two starts overlap (a shrink that drops a vocabulary token
+        moves the case to another start, which both engines need)."""
         eng = self._spec_off_engine
         if eng is None or not self._found_speculation() or not self._prestarts():
             return
@@ -211,9 +209,8 @@ class EnginePoolMixin:
         case (``IsolatedEngine.prestart(fresh=True)``: no warm-up, no swap, a process no engine
         ran in) while the candidate is checked with speculation off and screened again on the
         running engines; the confirmation takes it, or, where the candidate passes again or
-        turns out a calibration bug (confirmed with speculation off), it ends unused. On the
-        H200 (SGLang, 2026-12-04) each candidate waited for those checks (a speculation-off
-        start of ~25 s among them) and then for its fresh start (21-41 s) one after the other."""
+        turns out a calibration bug (confirmed with speculation off), it ends unused. The
+        checks and the fresh start then overlap instead of following one another."""
         if not self._prestarts():
             return
         if self._fresh_engine is None:
@@ -239,10 +236,9 @@ class EnginePoolMixin:
     def _fill_wait(self, waiting: IsolatedEngine) -> None:
         """Called about once a second while ``waiting`` (a fresh confirmation engine, the
         speculation-off engine) starts: one more family of the running search, on the search's
-        engine, by a swap (never a start: a draw that needs one is passed over), screened as any.
-        On the H200 (SGLang, 3 workers, 2026-12-04) 13-15 fresh confirmation starts of ~33 s
-        and 8-11 speculation-off starts of ~30 s per run were each waited out with the search
-        engine idle: a quarter of every worker's time. A filling family that fails its
+        engine, by a swap (never a start: a draw that needs one is passed over), screened as any,
+        so that the search engine does not idle through starts of tens of seconds on a GPU.
+        A filling family that fails its
         screening is kept (MAX_DEFERRED) and examined as a candidate once the search's own
         failure is shrunk and stored (:meth:`_examine_deferred`); one that crashes the engine is
         recorded as found, as a crash met while another failure shrinks is."""

@@ -40,9 +40,8 @@ EXAMPLES_PER_SEARCH = 300
 # shape crashes the engine whatever the requests; each crash cost an engine start).
 KNOWN_CRASHES_END_SEARCH = 2
 # A search whose swaps the engine refuses this many times in a row ends there: every further
-# family of its start shape would restart the engine (SGLang 0.5.17 on the H200, 2026-12-06:
-# a search with a reduced EAGLE-3 draft vocabulary ran 5 families on 5 starts, 180 s of a
-# 907-s worker, where the next search's engine was already prestarted).
+# family of its start shape would restart the engine (SGLang 0.5.17 refuses swaps of a reduced
+# EAGLE-3 draft vocabulary), where the next search's engine is already prestarted.
 REFUSED_SWAPS_END_SEARCH = 2
 
 
@@ -83,13 +82,11 @@ class Search:
         self._seed = search_seed * 1_000_003
         # A search gets a time slice, so that the campaign reaches every method and many
         # shapes; shrinking a failure runs past the slice, for half of its cap (see SHRINK_SHARE).
-        # The slice counts the search's sampling, not its engine's starts: a start that takes
-        # longer than the slice (SGLang's 25-60 s against a 41-s slice in a 330-s campaign of
-        # four methods) left one family per search on the H200. Only the search's opening start
-        # is left out (the one its first family ran on, amortised over the search's families):
-        # restarts after it count, since every family of a shape whose swaps the engine refuses
-        # restarts it (SGLang with a reduced EAGLE-3 draft vocabulary, 2026-12-03 on the H200:
-        # one search of 11 families restarted the engine 11 times, 394 s of a 1213-s run).
+        # The slice counts the search's sampling, not its engine's starts: a GPU engine's start
+        # can take longer than a short campaign's slice, which would leave one family per
+        # search. Only the search's opening start is left out (the one its first family ran on,
+        # amortised over the search's families): restarts after it count, since every family
+        # of a shape whose swaps the engine refuses restarts it.
         self.slice_end = time.monotonic() + c._slice_s()
         self.eng = c.engine
         self.starts_before = self.eng.seconds["start"]
@@ -132,7 +129,7 @@ class Search:
             except Exception:
                 # An error of specfuzz's own search code, not a finding: Hypothesis takes it for a
                 # second bug, and while shrinking it may report the first one instead and end the
-                # shrink without a word (a TypeError did so, 2026-12-06). Logged, then raised as before.
+                # shrink without a word. Logged, then raised.
                 internal_errors.append(traceback.format_exc(limit=8))
                 raise
 
@@ -171,8 +168,7 @@ class Search:
         # The smallest failure Hypothesis kept is returned unconfirmed (its confirmation None):
         # the greedy shrinker goes on from it, and only the smallest case that one keeps is
         # confirmed on a fresh engine (_greedy_shrink_found): one fresh start per shrunk failure
-        # instead of two (~30 s each for SGLang on the H200). The smallest confirmed one is the
-        # fallback where neither confirms.
+        # instead of two. The smallest confirmed one is the fallback where neither confirms.
         c._found_fallback = next((f for f in reversed(self.confirmed) if f[2] is not None), None)
         return self.confirmed[-1] if self.confirmed else None
 
@@ -228,8 +224,7 @@ class Search:
             raise SearchSliceOver
         if self.failing and self.refused_any and c._needs_restart(self.eng, cases, self.speculation):
             # Shrinking on a start shape whose swaps the engine refuses: each Hypothesis
-            # candidate with other tables would restart the engine, one after the other
-            # (SGLang, reduced EAGLE-3 draft vocabulary, H100 2026-12-06: 4 starts, 140 s).
+            # candidate with other tables would restart the engine, one after the other.
             # Only candidates the running engine serves as it is run; the greedy shrinker
             # then reduces the tables, its starts prestarted while it tries the last one.
             if not self.left_to_greedy:
@@ -292,9 +287,8 @@ class Search:
                 if len(self.known_in_row) >= KNOWN_CRASHES_END_SEARCH and len(set(self.known_in_row)) == 1:
                     # The search's start shape kills the engine whatever the requests (its
                     # families meet one stored crash in a row, each after an engine start):
-                    # on to the next search. SGLang 0.5.17 on an H100, 2026-12-05: tree
-                    # drafting with fewer draft tokens than steps + 1 (crash-a2f0) crashed
-                    # three families of one search in a row, 213 of a worker's 1038 s.
+                    # on to the next search (e.g. SGLang 0.5.17's tree drafting with fewer draft
+                    # tokens than steps + 1, crash-a2f0, crashes every family of its shape).
                     c._log_event({"event": "search ended by a stored crash", "crashes": len(self.known_in_row),
                                   "crash": key, "entry": str(c.crash_entries.get(key, ""))})
                     c.on_event(f"search ended: its families crashed the engine {len(self.known_in_row)} times in a row "
@@ -330,7 +324,7 @@ class Search:
                 # While shrinking a confirmed failure, a smaller one of the same bug counts on
                 # the screening test on the running engine; only the smallest is confirmed on
                 # a fresh engine, when the search ends (below). A fresh start per candidate
-                # (25-60 s on the H200) left Hypothesis one or two candidates per shrink.
+                # would leave Hypothesis one or two candidates per shrink on a GPU engine.
                 conf, j = None, 0
             else:
                 got = c._candidate(r, self.speculation, self.next_seed)

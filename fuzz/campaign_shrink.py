@@ -35,7 +35,7 @@ from specfuzz.oracle.law import OutputSpaceTooLarge
 # fuzz/shrink.py, which also narrows the vocabulary below the search's start shape) stops
 # after max(SHRINK_MIN_S, SHRINK_SHARE x budget): what it kept so far is stored, and
 # `specfuzz shrink` goes on from there. Without a cap, one failure (often a variant of a
-# known engine bug met with other sampling settings) took the rest of the campaign.
+# known engine bug met with other sampling settings) could take the rest of the campaign.
 SHRINK_MIN_S = 60.0
 SHRINK_SHARE = 0.15
 
@@ -120,10 +120,9 @@ class ShrinkMixin:
 
         def on_kept(case: Case, kept) -> bool:
             # A kept speculation failure that is a stored finding (the check the shrink's result
-            # gets, below) ends the shrink: on the H200 (SGLang, 2026-12-04) five of six greedy
-            # shrinks ended at a stored entry after 64-127 s, most of it engine restarts for
-            # further reductions. Otherwise the kept case's fresh confirmation engine starts in
-            # the background: if nothing smaller is kept, the confirmation below takes it.
+            # gets, below) ends the shrink at once, instead of after engine restarts for further
+            # reductions. Otherwise the kept case's fresh confirmation engine starts in the
+            # background: if nothing smaller is kept, the confirmation below takes it.
             if (known_check and speculation and getattr(kept, "judgement", None) is not None
                     and self._shrunk_known(kept, "a reduction the greedy shrinker kept")):
                 return True
@@ -177,10 +176,9 @@ class ShrinkMixin:
         """Whether a speculation failure, shrunk, is a stored speculation finding
         (:meth:`_known_finding`, on the running engine): checked before its fresh confirmation.
         A candidate whose reduction to a stored finding's features passed in the search can
-        shrink to that finding: on the H200 (SGLang, 2026-12-04) an ngram candidate with five
-        sampling features passed reduced to finding-8b90's none, and its shrink (146 s of the
-        greedy shrinker, then a fresh confirmation and a speculation-off start, ~50 s) ended at
-        exactly 8b90's signature. One screening run on the running engine when it is not."""
+        still shrink to that finding (e.g. a candidate with five sampling features whose
+        reduction to the finding's none passed, while its shrink ends at exactly the finding's
+        signature). One screening run on the running engine when it is not."""
         if not self._found_speculation():  # a speculation-off campaign, or a calibration bug
             return False
         if self._known_finding(run, self.search_index * 7919 + 43):
@@ -194,10 +192,8 @@ class ShrinkMixin:
         the greedy shrinker kept: ``what``, for the log), failing with speculation off on
         ``engine`` (the speculation-off engine), has exactly the features of a stored calibration
         entry of this engine (corpus.calibration_key): that target-sampler bug met again, which
-        :meth:`_store_entry` recognises only after the rest of the shrink and the smallest case's
-        fresh confirmation. On the H200 (SGLang, 2026-12-06) two of four greedy shrinks were such
-        calibration bugs: 166 s each, to the shrinking cap, then a fresh confirmation (38-60 s),
-        then "seen again, not stored". The entry is marked seen again (once per run, after a
+        :meth:`_store_entry` would recognise only after the rest of the shrink (up to the
+        shrinking cap) and the smallest case's fresh confirmation. The entry is marked seen again (once per run, after a
         confirmation at the next α_j on ``engine``, as :meth:`_known_calibration` does) and the
         shrink ends there."""
         if getattr(run, "judgement", None) is None or not run.failed:

@@ -343,9 +343,8 @@ class StateMixin:
 
     def _log_refusal(self, cases: list[Case], exc: InvalidInput, speculation: bool) -> None:
         """A case the engine refused (a configuration its capabilities did not rule out), in the
-        campaign log with what was refused and the family it was refused in: on the H200
-        (SGLang, 2026-12-04) one worker's searches had 177 cases refused, which cost Hypothesis
-        examples, and the ``--quiet`` log did not say what they were."""
+        campaign log with what was refused and the family it was refused in: a refused case
+        costs a Hypothesis example, and the ``--quiet`` display does not say what it was."""
         self._log_event({"event": "case refused", "name": exc.name, "value": repr(exc.value)[:200],
                          "allowed": str(exc.allowed)[:300], **family_fields(cases, speculation)})
 

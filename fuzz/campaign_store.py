@@ -101,9 +101,8 @@ class StoreMixin:
         elif self._spec_off_found:
             # Confirmed with speculation off on a fresh engine (and shrunk with speculation off):
             # a calibration bug, whose evidence is that confirmation. No speculation-off run on
-            # the campaign's speculation-off engine as well: it only repeated the confirmation,
-            # and on the H200 (SGLang, 2026-12-04) it restarted that engine (~25 s) for a
-            # shrunk case's vocabulary after the fresh confirmation had just sampled it.
+            # the campaign's speculation-off engine as well: it would only repeat the
+            # confirmation, and restart that engine for a shrunk case's vocabulary.
             entry = finding_entry(version, conf, None)
             entry.kind = "calibration"
         else:
@@ -224,8 +223,7 @@ class StoreMixin:
     def _write_pending(self, conf: CaseRun, j: int, calib: CaseRun | None) -> None:
         """The entry a confirmed failure would make unshrunk, written before shrinking starts:
         shrinking takes minutes on a GPU engine, and a campaign killed meanwhile (a timeout, a
-        lost machine: 2026-12-03 on the H200, a confirmed SGLang failure went with its machine)
-        would otherwise lose it. ``calib``: the speculation-off run of the same case on the
+        lost machine) would otherwise lose it. ``calib``: the speculation-off run of the same case on the
         running engine (the screening-level check a speculative candidate passed)."""
         entry = finding_entry(self.engine.version(), conf, calib)
         if self.cfg.calibration_only or self._spec_off_found:
