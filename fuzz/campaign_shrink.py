@@ -193,9 +193,9 @@ class ShrinkMixin:
         ``engine`` (the speculation-off engine), has exactly the features of a stored calibration
         entry of this engine (corpus.calibration_key): that target-sampler bug met again, which
         :meth:`_store_entry` would recognise only after the rest of the shrink (up to the
-        shrinking cap) and the smallest case's fresh confirmation. The entry is marked seen again (once per run, after a
-        confirmation at the next α_j on ``engine``, as :meth:`_known_calibration` does) and the
-        shrink ends there."""
+        shrinking cap) and the smallest case's fresh confirmation. The entry is marked seen
+        again (once per run, after a confirmation at the next α_j on ``engine``, as
+        :meth:`_known_calibration` does) and the shrink ends there."""
         if getattr(run, "judgement", None) is None or not run.failed:
             return False
         key = calibration_key(str(self.engine.version().get("name")), run.case.to_json())
