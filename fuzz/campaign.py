@@ -61,6 +61,7 @@ from specfuzz.fuzz.campaign_state import (
 )
 from specfuzz.fuzz.campaign_store import StoreMixin
 from specfuzz.fuzz.corpus import Corpus
+from specfuzz.fuzz.coverage import Coverage, reachable
 from specfuzz.fuzz.exampledb import FailuresOnly
 from specfuzz.fuzz.run import CaseRun
 from specfuzz.fuzz.families import (
@@ -71,7 +72,7 @@ from specfuzz.fuzz.ledger import AlphaLedger
 from specfuzz.strategies import StartShape, case_families, start_shapes
 
 # Shortest time slice of one search (see Campaign._slice_s).
-SEARCH_SLICE_MIN_S = 20.0
+SEARCH_SLICE_MIN_S = 10.0
 # A search runs at least this many times the engine's (typical) start time, so that an
 # engine start is amortised over many swapped table models.
 SLICE_START_FACTOR = 8.0
@@ -80,6 +81,8 @@ FIRST_START_GUESS_S = 30.0
 # After each method's first search (at its engine defaults), every DEFAULT_EVERY-th search
 # runs a method at the engine's defaults.
 DEFAULT_EVERY = 4
+# At the end of a campaign, the longest wait for the events of families still being computed.
+COVERAGE_DRAIN_S = 30.0
 
 
 class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreMixin):
@@ -116,6 +119,10 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         self.search_index = state.get("searches", 0) if state else 0
         # Totals over every run of this campaign state (campaign_state.open_totals).
         self.totals = open_totals(state)
+        # Speculation events exercised (fuzz/coverage.py): per method, each event's largest
+        # probability in any pattern and its expected occurrences over the samples drawn.
+        self.coverage = Coverage(self.totals.setdefault("coverage", {}))
+        self._steer = None  # the current search's Steer
         self._base = {k: self.totals["engine"][k] for k in ENGINE_COUNTERS}  # from earlier runs
         self.events_path = self.state_dir / "events.jsonl"
         self._engines: list[IsolatedEngine] = [self.engine]
@@ -178,6 +185,7 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
             for e in self._engines:
                 e.close()
             self._drain_events()
+            self.coverage.drain(wait=True, timeout_s=COVERAGE_DRAIN_S)
             self._save_state()
         return self.stats
 
@@ -287,11 +295,23 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         method = methods[(i + offset) % n]
         defaults = dict(getattr(caps, "spec_defaults", {}) or {})
         default = method in defaults and (i < n or (i // n) % DEFAULT_EVERY == 0)
+        # Steered toward the method's thinly covered events (fuzz/coverage.py), unless --no-steer.
+        self.coverage.drain()
+        reach = self.reach(method)
+        self.coverage.set_reach(method, reach)
+        self._steer = self.coverage.steer(method, reach, self.cfg.max_k) if self.cfg.steer else None
         strategy = start_shapes(
             methods=(method,), draft_vocab=caps.draft_vocab, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
-            spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"), **common,
+            spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"),
+            steer=self._steer, **common,
         )
-        return draw_example(strategy, seed, simplest=i < n)
+        return draw_example(strategy, seed, simplest=i < n and self._steer is None)
+
+    def reach(self, method: str) -> dict[str, str | None]:
+        """The speculation events ``method`` can reach on this engine (fuzz/coverage.py)."""
+        caps = self.engine.capabilities()
+        default_k = (dict(getattr(caps, "spec_defaults", {}) or {}).get(method) or {}).get("num_speculative_tokens")
+        return reachable(method, caps, self.cfg.max_k, default_k)
 
     def _strategy(self, shape: StartShape):
         """Case families of one start shape (every family served by one engine start)."""
@@ -303,6 +323,7 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
             sampling=caps.honoured(speculation),
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
             exclusive=tuple(getattr(caps, "sampling_exclusive", ()) or ()),
+            steer=self._steer if speculation else None,
         )
 
     def _example_database(self):
@@ -333,7 +354,7 @@ __all__ = [
     "attributed_label", "confirmation_samples", "crash_key", "draw_example", "entry_crash_key", "_crash_key_of",
     "family_fields", "family_key", "family_variants", "simplest_family", "simplest_key",
     "load_deferred", "load_state", "merge_worker_totals", "open_totals", "set_aside", "state_problem",
-    "CONFIRM_MARGIN", "CONFIRM_MAX_FACTOR", "DEFAULT_EVERY", "ENGINE_COUNTERS", "EXAMPLES_PER_SEARCH", "FILL_DRAWS",
+    "COVERAGE_DRAIN_S", "CONFIRM_MARGIN", "CONFIRM_MAX_FACTOR", "DEFAULT_EVERY", "ENGINE_COUNTERS", "EXAMPLES_PER_SEARCH", "FILL_DRAWS",
     "FILL_MIN_LEFT_S", "FIRST_START_GUESS_S", "KNOWN_CRASHES_END_SEARCH", "MAX_CALIBRATION_REDUCTIONS", "MAX_DEFERRED",
     "REFUSED_SWAPS_END_SEARCH", "SEARCH_SLICE_MIN_S", "SHRINK_MIN_S", "SHRINK_SHARE", "SLICE_START_FACTOR",
     "SPARE_MIN_CPUS", "STATE_SCHEMA_VERSION", "WATCHDOG_GRACE_S",

@@ -49,6 +49,10 @@ class CampaignConfig:
     # weights) were stored by this process (None: run to the budget). ``--max-findings 1`` is a
     # CI job's fail-fast: its shrunk, stored finding is the same as without it.
     max_findings: int | None = None
+    # Steer each search toward the speculation events the campaign has covered least
+    # (fuzz/coverage.py); False: every shape and family drawn uniformly, each method's first
+    # search at its simplest shape.
+    steer: bool = True
 
     @property
     def calibration_only(self) -> bool:

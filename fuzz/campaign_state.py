@@ -28,6 +28,7 @@ from specfuzz.case import Case
 from specfuzz.engines.isolation import IsolatedEngine
 from specfuzz.errors import InvalidInput
 from specfuzz.fuzz.corpus import atomic_write_json
+from specfuzz.fuzz.coverage import Coverage
 from specfuzz.fuzz.families import family_fields, family_variants
 from specfuzz.fuzz.run import CaseRun
 from specfuzz.oracle.budget import AlphaSpender
@@ -203,6 +204,7 @@ def merge_worker_totals(corpus_dir: Path, workers: int, first: dict) -> dict:
                 dst[k] = dst.get(k, 0) + row.get(k, 0)
             for v, n in (row.get("variants") or {}).items():
                 dst.setdefault("variants", {})[v] = dst.get("variants", {}).get(v, 0) + n
+        Coverage.merge(out.setdefault("coverage", {}), t.get("coverage") or {})
         e, src = out.setdefault("engine", {}), t.get("engine") or {}
         for k, v in src.items():
             if isinstance(v, (int, float)):
@@ -324,6 +326,9 @@ class StateMixin:
         eng = self.totals["engine"]
         eng["families"] += 1
         eng["samples"] += sum(r.n for r in runs)
+        if method != "off":
+            self.coverage.profile = self._profile
+            self.coverage.record(cases, [r.n for r in runs], background=True)
 
     def _log_event(self, event: dict) -> dict:
         """One line in the campaign log (``.specfuzz/events.jsonl``), with the time, search and
