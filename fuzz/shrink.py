@@ -447,8 +447,8 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     ``fresh_kept``: a finding's candidate that reproduced on a swapped engine is run again on a
     freshly started one before it counts. A campaign turns it off: it confirms the shrinker's
     smallest case on a fresh engine before storing it (falling back to what it had confirmed
-    before when that does not confirm), and on SGLang (the H200) each kept reduction's fresh
-    start cost ~20-25 s, most of the greedy shrinker's time."""
+    before when that does not confirm), and on a GPU engine a fresh start per kept reduction
+    would be most of the greedy shrinker's time."""
     from specfuzz.engines.isolation import EngineCrash
     from specfuzz.fuzz.run import entry_replay_calls, run_family
 
