@@ -201,10 +201,10 @@ def method_choice() -> OneOf:
 
 
 def bug_choice() -> OneOf:
-    from specfuzz.oracle.mutants import MUTANTS
+    from specfuzz.oracle.mutants import CONTROLS, MUTANTS
     from specfuzz.oracle.speculative import BUG_CLASSES
 
-    return OneOf(tuple(sorted(BUG_CLASSES)) + tuple(sorted(MUTANTS)), "bug class or mutant")
+    return OneOf(tuple(sorted(BUG_CLASSES)) + tuple(sorted(MUTANTS)) + tuple(sorted(CONTROLS)), "bug class, mutant or control")
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -289,3 +289,58 @@ def _chain_outcomes(proc: SpeculativeProcess, committed: tuple[int, ...], coined
             t = int(t)
             e2 = e + (t,)
             yield pr * float(p[t]), e2, done(committed + e2), evs, coined | frozenset(coins)
+
+
+# -- the docs' catalogue -----------------------------------------------------------------
+
+BEGIN = "<!-- events:begin (python -m specfuzz.oracle.events docs/events.md) -->"
+END = "<!-- events:end -->"
+
+
+def markdown() -> str:
+    """The catalogue of events, and the bench's mutants and controls, as Markdown tables."""
+    from specfuzz.oracle.mutants import CONTROLS, MUTANTS
+
+    acting: dict[str, list[str]] = {}
+    for m, (ev, _) in MUTANTS.items():
+        base = ev.rstrip("+")
+        acting.setdefault(event_info(base if "@" not in base else base.split("@")[0] + "@2").name, []).append(m)
+    catalogue = {"coin_reused": "N1", "lag:min_tokens": "N2", "lag:thinking": "N3", "tree_unfilled": "N4",
+                 "outside_draft": "N5", "short_draft": "N6", "narrow_lag": "N7"}
+    lines = ["| event | kind | what happens | multi-position | bugs that act there |", "|---|---|---|---|---|"]
+    for e in EVENTS:
+        multi = "from position 2" if e.name.endswith(("@i", "@k", "@d")) else ("yes" if multi_position(e.name) else "no")
+        bugs = ", ".join(([catalogue[e.name]] if e.name in catalogue else []) + acting.get(e.name, []))
+        lines.append(f"| `{e.name}` | {e.kind} | {e.doc} | {multi} | {bugs or '—'} |")
+    lines += ["", "| mutant | acts in | what it does |", "|---|---|---|"]
+    lines += [f"| {m} | `{ev}` | {what} |" for m, (ev, what) in MUTANTS.items()]
+    lines += ["", "| control | what it changes (the law stays μ) |", "|---|---|"]
+    lines += [f"| {c} | {what} |" for c, what in CONTROLS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the tables between BEGIN and END in a Markdown file (``--check``: exit 1 if stale)."""
+    import argparse
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(prog="python -m specfuzz.oracle.events", description=main.__doc__)
+    ap.add_argument("path")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args(argv)
+    path = Path(a.path)
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"{path}: no {BEGIN!r} ... {END!r} markers", file=__import__("sys").stderr)
+        return 2
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{BEGIN}\n{markdown()}\n{END}{tail}"
+    if a.check:
+        return 0 if new == text else 1
+    path.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -40,6 +40,13 @@ MUTANTS: dict[str, tuple[str, str]] = {
     "M16": ("coin_repeat", "every acceptance test of a round after its first reuses the first test's uniform"),
 }
 
+# Lossless controls of the time-to-bug bench: the sampler changed in a way that keeps its law
+# exactly μ (a campaign against them must store nothing).
+CONTROLS: dict[str, str] = {
+    "L1": "chain drafts proposed greedily (argmax q) and verified as point masses",
+    "L2": "n-gram proposals taken from the earliest match of the longest suffix, not the latest",
+}
+
 
 def mutant_witnesses() -> dict[str, Case]:
     """Mutant id -> a small case whose law that mutant changes."""
