@@ -92,7 +92,8 @@ def test_impact_runs_the_finding_settings_on_smollm2_through_hf_and_records_the_
 
     d = json.loads((ROOT / "corpus" / "regression" / "regression-N1.json").read_text())
     d.update(kind="finding", engine={"name": "hf-transformers", "version": "5.19.0"})
-    d["case"]["spec"] = {**d["case"]["spec"], "method": "ngram", "num_speculative_tokens": 2, "ngram_min": 1, "ngram_max": 2}
+    d["case"]["spec"] = {**d["case"]["spec"], "method": "ngram", "num_speculative_tokens": 2, "ngram_min": 1, "ngram_max": 2,
+                        "verify": "token", "inject": None}
     d["case"]["draft_table"] = None
     d["extra"] = {}
     (tmp_path / "corpus").mkdir()
