@@ -569,7 +569,10 @@ class SpeculativeProcess:
             pd = ps[i][d] if d >= 0 else ps[i][self.V - 1]
             if d >= 0 and qd > 0 and self.record_events and self._truncated(outs[i], d, ps[i]):
                 self._note(res, "draft_truncated")
-            w.append(min(1.0, w[-1] * pd / qd) if qd > 0 else 0.0)
+            carried = 1.0 if inject == "M07" else w[-1]  # M07: the weight is not carried over positions
+            w.append(min(1.0, carried * pd / qd) if qd > 0 else 0.0)
+        if any(x < 1.0 for x in w[1:K]):
+            self._note(res, "block_weight")
         tau = 0
         for i in range(1, K + 1):
             if i < K:
@@ -595,10 +598,6 @@ class SpeculativeProcess:
         else:
             self._note(res, f"reject@{tau + 1}")
             raw = np.maximum(w[tau] * ps[tau] - qs[tau], 0.0)  # [W]
-            if tau >= 1 and w[tau] < 1.0:
-                self._note(res, "block_weight")
-                if inject == "M07":
-                    raw = np.maximum(ps[tau] - qs[tau], 0.0)
             tok = yield from self._resample(res, raw, ps[tau], drafts[tau] if drafts[tau] >= 0 else None,
                                             tau >= 1 and inject == "M01")
             self._emit(committed, res, int(tok))
