@@ -225,11 +225,10 @@ class Coverage:
         return sorted(out, key=lambda e: (events.get(e, (0.0, 0.0))[0], _event_order(e)))
 
     def steer(self, method: str, reach: Mapping[str, str | None], max_k: int):
-        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``. Before the
-        method has run a family, only K is steered (toward multi-position rounds) and drafts near
-        the target are offered: the other levers (block verification, narrower drafts, wide
-        trees, sampling features, EOS, long outputs) each cost or change something, and wait
-        until the method's own coverage says which events they are needed for."""
+        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``. Two levers
+        cost engine time, narrower drafts (HF runs universal assisted generation for them) and
+        long outputs: they wait until the method has run a family, and its own coverage says
+        which events need them."""
         from specfuzz.strategies import Steer
 
         thin = set(self.thin(method, reach))
@@ -246,21 +245,18 @@ class Coverage:
             for k in ([pos] if exact else range(pos, max_k + 1)):
                 if 2 <= k <= max_k:
                     k_weights[k - 1] += STEER_K_WEIGHT
-        near = "residual_small" in thin or any((position(e) or 0) >= 2 for e in thin)
-        if first:
-            return Steer(k_weights=tuple(k_weights), near=near)
         kinds = {event_info(e).kind for e in thin}
         features = sorted({f for e in thin for f in _FEATURES_FOR.get(e, ())})
         return Steer(
             k_weights=tuple(k_weights),
             block="block_weight" in thin,
             wide_trees=bool(thin & {"tree_sibling", "tree_unfilled"}),
-            narrower="vocab" in kinds,
+            narrower="vocab" in kinds and not first,
             features=tuple(features),
-            near=near,
+            near="residual_small" in thin or any((position(e) or 0) >= 2 for e in thin),
             truncated="draft_truncated" in thin,
             stop=bool(thin & {"stop_mid_round", "lag:min_tokens", "lag:thinking"}),
-            long=any(e.startswith(("bonus@", "tree_leaf@")) and (position(e) or 0) >= 2 for e in thin),
+            long=not first and any(e.startswith(("bonus@", "tree_leaf@")) and (position(e) or 0) >= 2 for e in thin),
         )
 
 

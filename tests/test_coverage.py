@@ -62,8 +62,8 @@ def test_steer_favours_the_highest_thin_position_and_thin_features():
                         narrower_draft=True)
     s = cov.steer("draft_model", reach, 3)
     assert s.k_weights[2] > s.k_weights[1] > s.k_weights[0] == 1
-    # Before the method ran a family: K only (and near drafts), no costly lever.
-    assert not (s.features or s.narrower or s.block or s.stop or s.long) and s.near
+    # Before the method ran a family: no costly lever (narrower drafts, long outputs).
+    assert not (s.narrower or s.long) and s.near and s.block and {"min_tokens", "top_k"} <= set(s.features)
     cov.record([_case(1)], [1000])
     s2 = cov.steer("draft_model", reach, 3)
     assert s2.k_weights[2] > s2.k_weights[0] == 1
