@@ -182,6 +182,23 @@ def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: in
             "known": {k: list(v) for k, v in known.items()}, "rows": rows}
 
 
+def markdown(res: dict) -> str:
+    """The benchmarks page's table of a ``mutants`` result: per bug, the event it acts in, the
+    median time to stored over seeds, the times of each seed, families run."""
+    rows = ["| bug | acts in | steering | median (s) | per seed (s) | families per run |", "|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        times = ", ".join("—" if x["time_to_bug_s"] is None else f"{x['time_to_bug_s']:.0f}" for x in r["runs"])
+        fams = ", ".join(str(x["families"]) for x in r["runs"])
+        med = "stores nothing" if r["kind"] == "control" and not r["found"] else (
+            "—" if r["median_s"] is None else f"{r['median_s']:.0f}")
+        if r["kind"] == "control" and r["found"]:
+            med = f"**stored {r['found']}**"
+        event = r["event"] or {"N1": "coin_reused", "N2": "lag:min_tokens", "N3": "lag:thinking", "N4": "tree_unfilled",
+                               "N5": "outside_draft", "N6": "short_draft", "N7": "narrow_lag"}.get(r["bug"], "—")
+        rows.append(f"| {r['bug']} | `{event}` | {'on' if r['steer'] else 'off'} | {med} | {times} | {fams} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -191,6 +208,8 @@ def main() -> None:
     m.add_argument("--only", default=None, help="comma-separated bug ids (N1, M05, L1, none)")
     m.add_argument("--steer", choices=("on", "off", "both"), default="on")
     m.add_argument("--out", default=str(RESULTS / "time_to_bug_mutants.json"))
+    t = sub.add_parser("table", help="print the Markdown table of a mutants result file")
+    t.add_argument("path", nargs="?", default=str(RESULTS / "time_to_bug_mutants.json"))
     g = sub.add_parser("match", help="time to each known bug of a fresh campaign run elsewhere (the GPU machine)")
     g.add_argument("--engine-name", required=True, help="the engine's version record name: vllm, sglang")
     g.add_argument("--fresh", required=True, help="the fresh campaign's corpus folder (file mtimes kept)")
@@ -206,6 +225,9 @@ def main() -> None:
     e.add_argument("--out", default=None)
     a = ap.parse_args()
     t0 = time.time()
+    if a.what == "table":
+        print(markdown(json.loads(Path(a.path).read_text())))
+        return
     if a.what == "match":
         out = Path(a.out)
         res = json.loads(out.read_text()) if out.exists() else {"bench": "time_to_bug_gpu", "rows": []}
