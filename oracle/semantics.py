@@ -817,3 +817,9 @@ def get_profile(profile: "str | Profile") -> Profile:
     if isinstance(profile, str) and profile in PROFILES:
         return PROFILES[profile]()
     raise InvalidInput("profile", profile, f"one of {sorted(PROFILES)} or a Profile instance")
+
+
+# llama.cpp's profile lives in its own module (it imports the helpers above).
+from .semantics_llamacpp import LlamaCppProfile  # noqa: E402
+
+PROFILES["llamacpp"] = LlamaCppProfile
