@@ -58,7 +58,6 @@ from specfuzz.engines.base import (
     Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, TableCheck, _cpu_model, read_config,
 )
 from specfuzz.errors import InvalidInput
-from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.semantics_llamacpp import LLAMACPP_UNSUPPORTED, PENALTY_LAST_N
 from specfuzz.oracle.speculative import SpecConfig
 
@@ -88,10 +87,11 @@ SETTINGS: dict[str, tuple[Any, str]] = {
     "slots": (4, "an integer in [1, 64] (llama-server -np: requests served at once)"),
     "threads": (1, "an integer >= 1 (llama-server -t / -tb)"),
     "port": (None, "None (a free port) or a free TCP port in [1024, 65535]"),
-    "cache_prompt": (True, "True or False (llama-server's prompt cache, on by default)"),
+    "cache_prompt": (True, "True or False (the request's cache_prompt: reuse a slot's KV cache of a common prefix; on by default)"),
     "ngram_type": ("ngram-simple", f"one of {NGRAM_TYPES}"),
     "draft_n_min": (0, "an integer >= 0 (--spec-draft-n-min)"),
     "draft_p_min": (0.0, "a number in [0, 1] (--spec-draft-p-min)"),
+    "extra_args": ((), "a list of further llama-server options (strings), appended to the command line"),
     "start_timeout_s": (120.0, "a number > 0"),
     "request_timeout_s": (300.0, "a number > 0"),
 }
@@ -126,8 +126,7 @@ def server_args(config: EngineConfig, target_gguf: Path, draft_gguf: Path | None
     ctx_per_slot = int(config.max_model_len) + 32
     args = ["-m", str(target_gguf), "-np", str(slots), "-c", str(slots * ctx_per_slot),
             "-t", str(settings["threads"]), "-tb", str(settings["threads"]), "--no-warmup", "--no-webui"]
-    if not settings["cache_prompt"]:
-        args += ["--cache-ram", "0"]
+    args += list(settings.get("extra_args", ()))
     spec = config.speculation
     if spec is None:
         return args
@@ -294,6 +293,10 @@ class LlamaCppEngine(Engine):
         pm = out["draft_p_min"]
         if isinstance(pm, bool) or not isinstance(pm, (int, float)) or not 0.0 <= float(pm) <= 1.0:
             raise InvalidInput("draft_p_min", pm, SETTINGS["draft_p_min"][1])
+        extra = out["extra_args"]
+        if isinstance(extra, str) or not isinstance(extra, (list, tuple)) or not all(isinstance(a, str) for a in extra):
+            raise InvalidInput("extra_args", extra, SETTINGS["extra_args"][1])
+        out["extra_args"] = tuple(extra)
         for name in ("start_timeout_s", "request_timeout_s"):
             v = out[name]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
@@ -476,6 +479,9 @@ class LlamaCppEngine(Engine):
         if self._proc is None or self._config is None:
             raise RuntimeError("generate() before start()")
         bodies = [completion_body(r, self._vocab) for r in requests]
+        if not self._settings_used["cache_prompt"]:
+            for b in bodies:
+                b["cache_prompt"] = False
         outs = list(self._pool.map(lambda b: self._post("/completion", b), bodies))
         res = []
         for out in outs:
