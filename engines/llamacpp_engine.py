@@ -91,6 +91,8 @@ SETTINGS: dict[str, tuple[Any, str]] = {
     "ngram_type": ("ngram-simple", f"one of {NGRAM_TYPES}"),
     "draft_n_min": (0, "an integer >= 0 (--spec-draft-n-min)"),
     "draft_p_min": (0.0, "a number in [0, 1] (--spec-draft-p-min)"),
+    "model_gguf": (None, "None, or the GGUF file of a real (non-table) model whose converted folder is target_dir "
+                         "(specfuzz compare: the embedded SmolLM2); speculation: ngram, or draft_model with the target as draft"),
     "extra_args": ((), "a list of further llama-server options (strings), appended to the command line"),
     "start_timeout_s": (120.0, "a number > 0"),
     "request_timeout_s": (300.0, "a number > 0"),
@@ -187,8 +189,9 @@ def model_gguf(path: Path, name: str) -> Path:
                                              f"{info['architecture'] or 'model'} model without the {'specfuzz.table_model'!r} key)")
         return p
     read_config(p, name)
-    if not (p / "model.safetensors").is_file():
-        raise InvalidInput(name, str(p), "a tablegen checkpoint folder (config.json and model.safetensors) or a table-model GGUF")
+    if not (p / "model.safetensors").is_file() or not (p / "specfuzz_table.json").is_file():
+        raise InvalidInput(name, str(p), "a tablegen checkpoint folder (config.json, model.safetensors, specfuzz_table.json) "
+                                         "or a table-model GGUF (a real model runs from its own GGUF: setting model_gguf)")
     return gguf_from_checkpoint(p, gguf_path(p))
 
 
@@ -328,21 +331,43 @@ class LlamaCppEngine(Engine):
             raise InvalidInput("ngram_min", spec.ngram_min, "1 (llama.cpp's n-gram drafters match one length, ngram_max)")
         return settings
 
+    def _real_model(self, config: EngineConfig, settings: Mapping[str, Any]) -> tuple[Path, Path | None, int]:
+        """(target GGUF, draft GGUF, vocabulary) of a real model (setting model_gguf)."""
+        from specfuzz.tablegen.gguf_model import read_gguf_info
+
+        g = Path(settings["model_gguf"])
+        info = read_gguf_info(g)
+        if info["table_model"]:
+            raise InvalidInput("model_gguf", str(g), "a real model's GGUF (this one is a table model: pass it as target_dir)")
+        draft = None
+        if config.speculation is not None and config.speculation.method == "draft_model":
+            if config.draft_dir is None or Path(config.draft_dir).resolve() != Path(config.target_dir).resolve():
+                raise InvalidInput("draft_dir", str(config.draft_dir), "the target itself (llama.cpp runs GGUF files; a "
+                                   "real draft model needs its own GGUF)")
+            draft = g
+        return g, draft, int(info["vocab_size"])
+
     def start(self, config: EngineConfig) -> None:
         settings = self.validate(config)
         binary = self._server_binary(settings)
-        target = model_gguf(Path(config.target_dir), "target_dir")
-        draft = None
-        if config.speculation is not None and config.speculation.method == "draft_model":
-            draft = model_gguf(Path(config.draft_dir), "draft_dir")
-        from specfuzz.tablegen.gguf_model import read_gguf_info
+        real = settings["model_gguf"] is not None
+        if real:
+            target, draft, V = self._real_model(config, settings)
+        else:
+            from specfuzz.tablegen.gguf_model import read_gguf_info
 
-        V = int(read_gguf_info(target)["vocab_size"])
-        if draft is not None and read_gguf_info(draft)["vocab_size"] != V:
-            raise InvalidInput("draft vocab_size", read_gguf_info(draft)["vocab_size"], f"{V} (the target's)")
+            target = model_gguf(Path(config.target_dir), "target_dir")
+            draft = None
+            if config.speculation is not None and config.speculation.method == "draft_model":
+                draft = model_gguf(Path(config.draft_dir), "draft_dir")
+            V = int(read_gguf_info(target)["vocab_size"])
+            if draft is not None and read_gguf_info(draft)["vocab_size"] != V:
+                raise InvalidInput("draft vocab_size", read_gguf_info(draft)["vocab_size"], f"{V} (the target's)")
         self.close()
         self._launch(binary, server_args(config, target, draft, settings), settings)
         self._config, self._vocab, self._settings_used = config, V, settings
+        if real:
+            return  # no table to check: a real model (specfuzz compare)
         check = self.check_tables()
         if not check.ok:
             self.close()

@@ -163,7 +163,8 @@ def gguf_from_checkpoint(ckpt_dir: str | os.PathLike[str], out_path: str | os.Pa
 
 def read_gguf_info(path: str | os.PathLike[str]) -> dict:
     """What a GGUF file says about itself: ``{"table_model": bool, "vocab_size": int | None,
-    "architecture": str | None}``; InvalidInput when it is not a readable GGUF file."""
+    "architecture": str | None}`` (a table model's vocabulary without its pad token); InvalidInput
+    when it is not a readable GGUF file."""
     import gguf
 
     p = Path(path)
@@ -184,8 +185,10 @@ def read_gguf_info(path: str | os.PathLike[str]) -> dict:
         return v.tolist()[0] if hasattr(v, "tolist") else v
 
     tokens = r.fields.get("tokenizer.ggml.tokens")
-    return {"table_model": scalar(MARKER_KEY) == MARKER_VERSION, "architecture": scalar("general.architecture"),
-            "vocab_size": None if tokens is None else len(tokens.data) - 1}
+    table = scalar(MARKER_KEY) == MARKER_VERSION
+    n = None if tokens is None else len(tokens.data)
+    return {"table_model": table, "architecture": scalar("general.architecture"),
+            "vocab_size": None if n is None else n - 1 if table else n}
 
 
 def read_gguf_table(path: str | os.PathLike[str]) -> np.ndarray:
