@@ -258,11 +258,15 @@ class LlamaCppEngine(Engine):
         from specfuzz.engines.llamacpp_build import LLAMA_CPP_PYTHON_VERSION
 
         settings = self._settings(self._config.settings if self._config else {})
-        out = {"name": ENGINE_NAME, "version": settings.get("llama_cpp_python") or LLAMA_CPP_PYTHON_VERSION,
-               "llama_cpp_python": settings.get("llama_cpp_python") or LLAMA_CPP_PYTHON_VERSION,
+        version = settings.get("llama_cpp_python") or LLAMA_CPP_PYTHON_VERSION
+        out = {"name": ENGINE_NAME, "version": version, "llama_cpp_python": version, "package": "llama-cpp-python",
                "device": f"cpu {_cpu_model()}", "machine": platform.machine(), "python": platform.python_version()}
         try:
             binary = self._server_binary(settings)
+            built = binary.parent.parent / "build.json"  # a build by llamacpp_build says which release it came from
+            if built.is_file():
+                version = str(json.loads(built.read_text()).get("llama_cpp_python") or version)
+                out.update(version=version, llama_cpp_python=version)
             got = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
             line = [ln for ln in (got.stdout + got.stderr).splitlines() if ln.startswith("version")]
             out["llama_cpp_build"] = line[0].split(":", 1)[1].strip() if line else "unknown"
