@@ -17,8 +17,9 @@ server slots.
 
 Speculation (server options; llama-server takes none per request):
 
-* ``draft_model``: ``-md draft.gguf`` with ``--spec-draft-n-max K`` (and the settings
-  ``draft_n_min`` / ``draft_p_min``); engine default: ``-md`` alone (``n_max`` 3).
+* ``draft_model``: ``-md draft.gguf --spec-type draft-simple`` with ``--spec-draft-n-max K``
+  (and the settings ``draft_n_min`` / ``draft_p_min``); engine default: those two options alone
+  (``n_max`` 3). ``-md`` without ``--spec-type`` loads the draft and drafts nothing.
 * ``ngram``: ``--spec-type`` (setting ``ngram_type``: ngram-simple, ngram-map-k,
   ngram-map-k4v or ngram-mod) with its size knobs: lookup length ``ngram_max`` and draft
   length ``K``; engine default: ``--spec-type ngram-simple`` alone (lookup 12, draft 48).
@@ -70,7 +71,7 @@ SAMPLING = frozenset({
 })
 # llama-server's defaults when a user passes only the method's required option.
 SPEC_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
-    # -md alone: --spec-draft-n-max 3, --spec-draft-n-min 0, --spec-draft-p-min 0.
+    # -md draft.gguf --spec-type draft-simple: --spec-draft-n-max 3, -n-min 0, -p-min 0.
     "draft_model": {"num_speculative_tokens": 3},
     # --spec-type ngram-simple alone: lookup n-gram 12, draft m-gram 48 (SpecConfig holds at
     # most 16 draft tokens: K=16 is recorded, the server drafts up to 48).
@@ -134,7 +135,9 @@ def server_args(config: EngineConfig, target_gguf: Path, draft_gguf: Path | None
         return args
     K = str(spec.num_speculative_tokens)
     if spec.method == "draft_model":
-        args += ["-md", str(draft_gguf)]
+        # -md alone loads the draft but drafts nothing ("no implementations specified for
+        # speculative decoding"): the method is named with --spec-type.
+        args += ["-md", str(draft_gguf), "--spec-type", "draft-simple"]
         if not spec.engine_default:
             args += ["--spec-draft-n-max", K, "--spec-draft-n-min", str(settings["draft_n_min"]),
                      "--spec-draft-p-min", repr(float(settings["draft_p_min"]))]
@@ -223,7 +226,7 @@ class LlamaCppEngine(Engine):
 
         return Capabilities(
             methods=METHODS, sampling=SAMPLING, dtypes=("float32",), profile="llamacpp",
-            max_vocab=MAX_VOCAB - 1, draft_vocab="equal",
+            max_vocab=MAX_VOCAB, draft_vocab="equal",
             spec_knobs={"verify": ("token",), "draft_sampling": ("greedy",), "draft_temperature": (None,), "ngram_min": (1,)},
             # A swap restarts llama-server on the new GGUF files (one model per server process).
             swap=frozenset({"target", "draft"}),
@@ -454,7 +457,7 @@ class LlamaCppEngine(Engine):
     def check_tables(self) -> TableCheck:
         """Every row's raw probabilities (``n_probs``, before the sampler chain) from the
         running server, against the softmax of the target table (and the pad token's 0)."""
-        from specfuzz.tablegen import load_table
+        from specfuzz.tablegen.gguf_model import checkpoint_table
 
         cfg = self._config
         tdir = Path(cfg.target_dir)
@@ -463,7 +466,7 @@ class LlamaCppEngine(Engine):
 
             table = read_gguf_table(tdir)
         else:
-            table = load_table(tdir)  # [V, V] float32
+            table = checkpoint_table(tdir)  # [V, V] float32
         V = table.shape[0]
         want = table.astype(np.float64)
         want = want - want.max(axis=1, keepdims=True)

@@ -152,13 +152,28 @@ def gguf_from_checkpoint(ckpt_dir: str | os.PathLike[str], out_path: str | os.Pa
         cfg = json.loads((d / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidInput("checkpoint", str(d), f"a tablegen checkpoint folder with a readable config.json ({exc})") from None
-    table = load_table(d)  # [V, V] float32
+    table = checkpoint_table(d)  # [V, V] float32
     eos = cfg.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
     return write_gguf(out, table, eos_token_id=None if eos is None else int(eos),
                       num_layers=int(cfg.get("num_hidden_layers", 1)),
                       context_length=int(cfg.get("max_position_embeddings", 256)))
+
+
+def checkpoint_table(d: Path) -> np.ndarray:
+    """A float32 checkpoint's table, read with numpy (no torch import); other dtypes via load_table."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        w = load_file(str(d / "model.safetensors"))["lm_head.weight"]  # [V, H]
+    except (SafetensorError, TypeError, KeyError, OSError):
+        return load_table(d)
+    if w.dtype != np.float32:
+        return load_table(d)
+    V = w.shape[0]
+    return np.ascontiguousarray(w[:, :V].T)
 
 
 def read_gguf_info(path: str | os.PathLike[str]) -> dict:

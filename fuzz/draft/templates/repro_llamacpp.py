@@ -101,7 +101,7 @@ def server_command(args, target, draft, port, s):
         return cmd
     K = str(spec["num_speculative_tokens"])
     if spec["method"] == "draft_model":
-        cmd += ["-md", draft]
+        cmd += ["-md", draft, "--spec-type", "draft-simple"]
         if not spec.get("engine_default"):
             cmd += ["--spec-draft-n-max", K, "--spec-draft-n-min", str(s["draft_n_min"]), "--spec-draft-p-min", str(s["draft_p_min"])]
         return cmd
