@@ -587,14 +587,14 @@ class MinPIgnoredEngine(ReferenceEngine):
 
 
 class SynthAcceptLlamaCpp(LlamaCppEngine):
-    """llama-server with its benchmarking-only synthetic acceptance (``--spec-synth-rates``):
+    """llama-server with its benchmarking-only synthetic acceptance (``--spec-synth-len``):
     drafts are accepted at random instead of by agreement with the target's sample, a broken
     acceptance rule that a campaign must find."""
 
     name = "llama.cpp+synth-accept"
 
     def __init__(self, **settings):
-        super().__init__(**{"extra_args": ["--spec-synth-rates", "0.7"], **settings})
+        super().__init__(**{"extra_args": ["--spec-synth-len", "1.5"], **settings})
 
 
 class DyingLlamaCpp(LlamaCppEngine):

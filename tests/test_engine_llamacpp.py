@@ -5,7 +5,7 @@
   output (``post_sampling_probs``) equal the profile's conditional at that prefix.
 * Speculation off and on (draft model, n-gram lookup) sample μ.
 * A broken acceptance rule on top of the adapter (llama-server's own synthetic acceptance,
-  ``--spec-synth-rates``: drafts accepted at random) is found.
+  ``--spec-synth-len``: drafts accepted at random) is found.
 * Bad input: a GGUF that is not a table model, a missing server binary, a port already
   taken, a server that dies mid-request: clear errors or crashes, never a verdict.
 """
@@ -145,9 +145,9 @@ def test_samples_mu(tmp_path, spec):
 def test_random_acceptance_on_top_of_the_adapter_is_found(tmp_path):
     """llama-server's synthetic acceptance (benchmarking: drafts accepted at random, not by
     agreement with the target) breaks the acceptance rule; the verdict must fail."""
-    case = Case(T, (1, 2), SP(max_tokens=3, ignore_eos=True), eos_token_id=EOS,
+    case = Case(T, (1, 2), SP(max_tokens=6, ignore_eos=True), eos_token_id=EOS,
                 spec=SpecConfig("draft_model", 2, draft_sampling="greedy"), draft_table=D)
-    with IsolatedEngine("tests.example_engines:SynthAcceptLlamaCpp", log_dir=tmp_path / "logs") as eng:
+    with IsolatedEngine("example_engines:SynthAcceptLlamaCpp", log_dir=tmp_path / "logs") as eng:
         run = run_case(eng, case, ckpt_root=tmp_path / "ckpt", alpha=ALPHA, max_samples=2000, batch=500,
                        speculation=True, profile="llamacpp")
     assert run.crash is None and run.judgement.verdict.status == "fail", run.judgement.verdict
@@ -176,7 +176,7 @@ def test_bad_input_is_refused_by_name(tmp_path):
 
 def test_a_server_that_dies_mid_request_is_a_crash_not_a_verdict(tmp_path):
     case = Case(T, (1,), SP(max_tokens=4), eos_token_id=EOS)
-    with IsolatedEngine("tests.example_engines:DyingLlamaCpp", log_dir=tmp_path / "logs") as eng:
+    with IsolatedEngine("example_engines:DyingLlamaCpp", log_dir=tmp_path / "logs") as eng:
         run = run_case(eng, case, ckpt_root=tmp_path / "ckpt", alpha=ALPHA, max_samples=400, batch=200,
                        speculation=False, profile="llamacpp")
     assert run.crash is not None and run.judgement is None or run.n == 0, run
