@@ -119,3 +119,30 @@ def test_a_gguf_that_is_not_a_table_model_is_named_as_such(tmp_path):
     junk.write_bytes(b"not a gguf at all")
     with pytest.raises(InvalidInput, match="GGUF"):
         model_gguf(junk, "target_dir")
+
+
+def test_a_missing_llama_server_makes_the_engine_unavailable_by_name(monkeypatch, tmp_path):
+    from specfuzz.engines.availability import missing_packages, require_engine
+    from specfuzz.errors import EngineUnavailable
+
+    monkeypatch.setenv("SPECFUZZ_LLAMA_SERVER", str(tmp_path / "no-such-llama-server"))
+    assert missing_packages("llamacpp") == ["llama-server"]
+    with pytest.raises(EngineUnavailable, match="llama-server.*bin/setup"):
+        require_engine("llamacpp")
+
+
+def test_the_build_is_cached_per_release_flags_and_cpu(monkeypatch, tmp_path):
+    from specfuzz.engines import llamacpp_build as b
+
+    monkeypatch.setenv("SPECFUZZ_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECFUZZ_LLAMA_SERVER", raising=False)
+    assert b.server_path("0.3.36") != b.server_path("0.3.35")
+    assert b.server_path("0.3.36").is_relative_to(tmp_path / "llama.cpp")
+    assert b.find_server("0.3.36") is None
+    fake = b.server_path("0.3.36")
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert b.find_server("0.3.36") == fake and b.ensure_server("0.3.36") == fake  # found: nothing is built
+    with pytest.raises(InvalidInput, match="llama-cpp-python version"):
+        b.ensure_server("0.3.36; rm -rf /")
