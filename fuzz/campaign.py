@@ -58,6 +58,7 @@ from specfuzz.case import Case
 from specfuzz.engines.base import EngineConfig
 from specfuzz.engines.isolation import EngineCrash, IsolatedEngine
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
+from specfuzz.fuzz.coverage import Coverage, reachable
 from specfuzz.fuzz.corpus import (
     Corpus, Entry, active_features, atomic_write_json, calibration_key, crash_cause, mark_seen_again, reduced_to_features,
 )
@@ -184,6 +185,7 @@ def merge_worker_totals(corpus_dir: Path, workers: int, first: dict) -> dict:
                 dst[k] = dst.get(k, 0) + row.get(k, 0)
             for v, n in (row.get("variants") or {}).items():
                 dst.setdefault("variants", {})[v] = dst.get("variants", {}).get(v, 0) + n
+        Coverage.merge(out.setdefault("coverage", {}), t.get("coverage") or {})
         e, src = out.setdefault("engine", {}), t.get("engine") or {}
         for k, v in src.items():
             if isinstance(v, (int, float)):
@@ -371,6 +373,10 @@ class CampaignConfig:
     # weights) were stored by this process (None: run to the budget). ``--max-findings 1`` is a
     # CI job's fail-fast: its shrunk, stored finding is the same as without it.
     max_findings: int | None = None
+    # Steer each search toward the speculation events the campaign has covered least
+    # (fuzz/coverage.py); False: every shape and family drawn uniformly, each method's first
+    # search at its simplest shape.
+    steer: bool = True
 
     @property
     def calibration_only(self) -> bool:
@@ -458,6 +464,10 @@ class Campaign:
         for k in ("start", "swap", "sample", "other"):
             eng["shrink_seconds"].setdefault(k, 0.0)
         eng.setdefault("shapes", {})
+        # Speculation events exercised (fuzz/coverage.py): per method, each event's largest
+        # probability in any pattern and its expected occurrences over the samples drawn.
+        self.coverage = Coverage(self.totals.setdefault("coverage", {}))
+        self._steer = None  # the current search's Steer
         self.totals["runs"] += 1
         self._base = {k: eng[k] for k in ENGINE_COUNTERS}  # from earlier runs
         self.events_path = self.state_dir / "events.jsonl"
@@ -755,6 +765,9 @@ class Campaign:
         eng = self.totals["engine"]
         eng["families"] += 1
         eng["samples"] += sum(r.n for r in runs)
+        if method != "off":
+            self.coverage.profile = self._profile
+            self.coverage.record(cases, [r.n for r in runs])
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
@@ -1247,11 +1260,27 @@ class Campaign:
         method = methods[(i + offset) % n]
         defaults = dict(getattr(caps, "spec_defaults", {}) or {})
         default = method in defaults and (i < n or (i // n) % DEFAULT_EVERY == 0)
+        self._steer = self.steer_for(method)
+        if not self.cfg.steer:
+            self._steer = None
         strategy = start_shapes(
             methods=(method,), draft_vocab=caps.draft_vocab, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
-            spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"), **common,
+            spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"),
+            steer=self._steer, **common,
         )
-        return draw_example(strategy, seed, simplest=i < n)
+        return draw_example(strategy, seed, simplest=i < n and self._steer is None)
+
+    def reach(self, method: str) -> dict[str, str | None]:
+        """The speculation events ``method`` can reach on this engine (fuzz/coverage.py)."""
+        caps = self.engine.capabilities()
+        default_k = (dict(getattr(caps, "spec_defaults", {}) or {}).get(method) or {}).get("num_speculative_tokens")
+        return reachable(method, caps, self.cfg.max_k, default_k)
+
+    def steer_for(self, method: str):
+        """The Steer of the next search of ``method``: toward its thinly covered events."""
+        reach = self.reach(method)
+        self.coverage.set_reach(method, reach)
+        return self.coverage.steer(method, reach, self.cfg.max_k)
 
     def _strategy(self, shape: StartShape):
         """Case families of one start shape (every family served by one engine start)."""
@@ -1263,6 +1292,7 @@ class Campaign:
             sampling=caps.honoured(speculation),
             min_tokens_speculating=1 if getattr(caps, "speculates_first_token", True) else 2,
             exclusive=tuple(getattr(caps, "sampling_exclusive", ()) or ()),
+            steer=self._steer if speculation else None,
         )
 
     def _example_database(self):

@@ -114,7 +114,7 @@ def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatc
 def test_sigkilled_campaign_loses_nothing_and_does_not_rereport_on_resume(tmp_path):
     corpus = tmp_path / "corpus"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
-    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--inject", "N6", "--corpus", str(corpus),
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--engine", "reference", "--inject", "N6", "--corpus", str(corpus),
            "--work-dir", str(tmp_path / "work"), "--quiet", "--seed", "1"]
     p = subprocess.Popen(cmd + ["--budget", "120s"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 110
@@ -149,7 +149,7 @@ def test_a_failure_confirmed_before_a_kill_is_stored_unshrunk_when_the_campaign_
     on disk (.specfuzz/pending-w0.json); the resumed campaign stores it, unshrunk."""
     corpus = tmp_path / "corpus"
     pending = corpus / ".specfuzz" / "pending-w0.json"
-    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--inject", "N6", "--corpus", str(corpus),
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--engine", "reference", "--inject", "N6", "--corpus", str(corpus),
            "--work-dir", str(tmp_path / "work"), "--quiet", "--seed", "1"]
     p = subprocess.Popen(cmd + ["--budget", "120s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 110
