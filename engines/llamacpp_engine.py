@@ -56,7 +56,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from specfuzz.engines.base import (
-    Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, TableCheck, _cpu_model, read_config,
+    Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, TableCheck, _cpu_model, merged_settings, read_config,
 )
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.semantics_llamacpp import LLAMACPP_UNSUPPORTED, PENALTY_LAST_N
@@ -281,14 +281,7 @@ class LlamaCppEngine(Engine):
     # -- settings and start ------------------------------------------------------------
 
     def _settings(self, given_settings: Mapping[str, Any]) -> dict[str, Any]:
-        given = {**self._defaults, **dict(given_settings)}
-        out = {k: v[0] for k, v in SETTINGS.items()}
-        for k, v in given.items():
-            if k in PASSTHROUGH_SETTINGS:
-                continue
-            if k not in SETTINGS:
-                raise InvalidInput("setting", k, f"one of {sorted(SETTINGS) + list(PASSTHROUGH_SETTINGS)}")
-            out[k] = v
+        out = merged_settings(SETTINGS, self._defaults, given_settings, passthrough=PASSTHROUGH_SETTINGS)
         for name, lo, hi in (("slots", 1, 64), ("threads", 1, 1024), ("draft_n_min", 0, 1 << 16)):
             v = out[name]
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
