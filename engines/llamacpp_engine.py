@@ -77,6 +77,8 @@ SPEC_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     # most 16 draft tokens: K=16 is recorded, the server drafts up to 48).
     "ngram": {"num_speculative_tokens": 16, "ngram_min": 12, "ngram_max": 12},
 }
+# What a server restart (a swap, reset_state) resets.
+RESTART_RESETS = ("llama-server restarted: KV and prompt caches, slots, n-gram drafters' state",)
 # Tolerance of the table check on log-probabilities (float32 softmax and log).
 CHECK_ATOL = 1e-4
 # Below this log-probability the float32 softmax underflows: the server reports probability 0.
@@ -495,8 +497,15 @@ class LlamaCppEngine(Engine):
         t0 = time.perf_counter()
         parts = swap_parts(self._config, config) if self._config is not None else ("target",)
         self.start(config)
-        return SwapReport(seconds=time.perf_counter() - t0, parts=tuple(parts),
-                          reset=("llama-server restarted: KV cache, prompt cache, slots, n-gram state",))
+        return SwapReport(seconds=time.perf_counter() - t0, parts=tuple(parts), reset=RESTART_RESETS)
+
+    def reset_state(self) -> tuple[str, ...]:
+        """Restart llama-server on the same files: its prompt cache, slots and n-gram drafters'
+        state (kept across requests) start empty, as after a start or swap (~0.1 s)."""
+        if self._config is None:
+            return ()
+        self.start(self._config)
+        return RESTART_RESETS
 
     # -- generation ----------------------------------------------------------------------
 
