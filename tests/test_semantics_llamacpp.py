@@ -146,3 +146,20 @@ def test_the_build_is_cached_per_release_flags_and_cpu(monkeypatch, tmp_path):
     assert b.find_server("0.3.36") == fake and b.ensure_server("0.3.36") == fake  # found: nothing is built
     with pytest.raises(InvalidInput, match="llama-cpp-python version"):
         b.ensure_server("0.3.36; rm -rf /")
+
+
+def test_a_llama_cpp_python_release_environment_is_its_built_server(monkeypatch, tmp_path):
+    """bisect's release environment for llama-cpp-python: this interpreter, pointed at the
+    llama-server built from that release's sdist (here a cached one: nothing is built)."""
+    from specfuzz.engines import llamacpp_build as b
+    from specfuzz.fuzz.release_envs import ENGINE_PACKAGES, Release, ReleaseEnvs, package_for_entry
+
+    monkeypatch.setenv("SPECFUZZ_CACHE", str(tmp_path))
+    fake = b.server_path("0.3.30")
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    env = ReleaseEnvs(tmp_path / "envs").ensure("llama-cpp-python", Release("0.3.30", None))
+    assert env.status == "ready" and env.env == {b.SERVER_ENV: str(fake)} and env.info["engine_version"] == "0.3.30"
+    assert package_for_entry({"name": "llama.cpp"}) == "llama-cpp-python"
+    assert ENGINE_PACKAGES["llama-cpp-python"].engine == "llamacpp"
