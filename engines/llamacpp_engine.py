@@ -43,6 +43,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -157,6 +158,32 @@ def server_args(config: EngineConfig, target_gguf: Path, draft_gguf: Path | None
     return args
 
 
+# Options of the pinned release -> their names in older llama-server builds (bisect runs those).
+OLD_OPTION_NAMES = {"--spec-draft-n-max": "--draft-max", "--spec-draft-n-min": "--draft-min", "--spec-draft-p-min": "--draft-p-min"}
+# Options an older build may lack and a run can do without (it drafts with -md alone there).
+OPTIONAL_OPTIONS = {"--no-webui": 0, "--spec-type": 1}
+
+
+def for_server(args: list[str], help_text: str) -> list[str]:
+    """``args`` as a llama-server build whose ``--help`` is ``help_text`` takes them: options of
+    older releases under their old names, optional ones it lacks left out (with their value)."""
+    known = set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", help_text))
+    if not known:
+        return list(args)
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--") and a not in known:
+            if OLD_OPTION_NAMES.get(a) in known:
+                a = OLD_OPTION_NAMES[a]
+            elif a in OPTIONAL_OPTIONS and not (a == "--spec-type" and args[i + 1] != "draft-simple"):
+                i += 1 + OPTIONAL_OPTIONS[a]
+                continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -258,6 +285,17 @@ class LlamaCppEngine(Engine):
             return ensure_server(version)  # another release (bisect): built on first use
         raise InvalidInput("llama-server", None, "a built llama-server: run bin/setup, or "
                            "`python -m specfuzz.engines.llamacpp_build`, or set $SPECFUZZ_LLAMA_SERVER")
+
+    def _help(self, binary: Path) -> str:
+        """The build's ``--help`` text (cached per binary): which options it takes."""
+        cache = self.__dict__.setdefault("_help_cache", {})
+        if binary not in cache:
+            try:
+                got = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
+                cache[binary] = got.stdout + got.stderr
+            except (OSError, subprocess.SubprocessError):
+                cache[binary] = ""
+        return cache[binary]
 
     def version(self) -> Mapping[str, str]:
         from specfuzz.engines.llamacpp_build import LLAMA_CPP_PYTHON_VERSION
@@ -366,7 +404,7 @@ class LlamaCppEngine(Engine):
             if draft is not None and read_gguf_info(draft)["vocab_size"] != V:
                 raise InvalidInput("draft vocab_size", read_gguf_info(draft)["vocab_size"], f"{V} (the target's)")
         self.close()
-        self._launch(binary, server_args(config, target, draft, settings), settings)
+        self._launch(binary, for_server(server_args(config, target, draft, settings), self._help(binary)), settings)
         self._config, self._vocab, self._settings_used = config, V, settings
         if real:
             return  # no table to check: a real model (specfuzz compare)

@@ -163,3 +163,14 @@ def test_a_llama_cpp_python_release_environment_is_its_built_server(monkeypatch,
     assert env.status == "ready" and env.env == {b.SERVER_ENV: str(fake)} and env.info["engine_version"] == "0.3.30"
     assert package_for_entry({"name": "llama.cpp"}) == "llama-cpp-python"
     assert ENGINE_PACKAGES["llama-cpp-python"].engine == "llamacpp"
+
+
+def test_options_are_renamed_or_dropped_for_an_older_server_build():
+    from specfuzz.engines.llamacpp_engine import for_server
+
+    old_help = "-md, --model-draft FNAME\n--draft-max N\n--draft-min N\n--draft-p-min P\n--no-warmup\n"
+    args = ["-md", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--no-webui", "--no-warmup"]
+    assert for_server(args, old_help) == ["-md", "d.gguf", "--draft-max", "3", "--no-warmup"]
+    # n-gram drafting the old build lacks stays on the command line: the server refuses it (cannot run).
+    assert for_server(["--spec-type", "ngram-simple"], old_help) == ["--spec-type", "ngram-simple"]
+    assert for_server(args, "") == args
