@@ -302,7 +302,8 @@ class LlamaCppEngine(Engine):
 
         settings = self._settings(self._config.settings if self._config else {})
         version = settings.get("llama_cpp_python") or LLAMA_CPP_PYTHON_VERSION
-        out = {"name": ENGINE_NAME, "version": version, "llama_cpp_python": version, "package": "llama-cpp-python",
+        # A wrapper class's own name (tests' SynthAcceptLlamaCpp): its entries replay through it.
+        out = {"name": self.name, "version": version, "llama_cpp_python": version, "package": "llama-cpp-python",
                "device": f"cpu {_cpu_model()}", "machine": platform.machine(), "python": platform.python_version()}
         try:
             binary = self._server_binary(settings)
