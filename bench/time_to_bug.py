@@ -101,16 +101,34 @@ def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_mod
     return {"bench": "time_to_bug_mutants", "budget_s": budget_s, "seeds": seeds, "rows": rows}
 
 
-def _known_keys(engine_name: str) -> dict[str, tuple]:
-    """Stored CPU entries of an engine: path -> the key a fresh campaign's entry must share."""
+def _known_keys(engine_name: str, corpus: Path | None = None, cpu: bool = True) -> dict[str, tuple]:
+    """Stored entries of an engine (CPU ones of the tracked corpus by default): path -> the key
+    a fresh campaign's entry must share."""
     from specfuzz.fuzz.corpus import Corpus, Entry
 
     out = {}
-    for path, e in Corpus(ROOT / "corpus").entries():
-        if (isinstance(e, Entry) and e.engine.get("name") == engine_name and e.kind in ("finding", "crash")
-                and str(e.engine.get("device", "")).startswith("cpu")):
+    for path, e in Corpus(corpus or ROOT / "corpus").entries():
+        if (isinstance(e, Entry) and e.engine.get("name") == engine_name and e.kind in ("finding", "crash", "calibration")
+                and (not cpu or str(e.engine.get("device", "")).startswith("cpu"))):
             out[path.name] = _key(e)
     return out
+
+
+def match_fresh(engine_name: str, fresh: Path, known_corpus: Path, t0: float) -> dict:
+    """Known entries of ``known_corpus`` met again by the fresh campaign corpus ``fresh`` started
+    at ``t0`` (epoch seconds): entry -> seconds from t0 to the first fresh entry sharing its key."""
+    from specfuzz.fuzz.corpus import Corpus, Entry
+
+    known = _known_keys(engine_name, known_corpus, cpu=False)
+    met: dict[str, float] = {}
+    for path, e in Corpus(fresh).entries():
+        if isinstance(e, Entry):
+            k, t = _key(e), path.stat().st_mtime - t0
+            for name, kk in known.items():
+                if kk == k:
+                    met[name] = round(min(met.get(name, t), t), 1)
+    return {"known": {k: list(v) for k, v in known.items()}, "time_to_known_s": {k: met.get(k) for k in known},
+            "fresh_entries": sorted(p.name for p in Path(fresh).glob("*.json"))}
 
 
 def _key(e) -> tuple:
@@ -123,7 +141,7 @@ def _key(e) -> tuple:
     spec = e.case.get("spec") or {}
     if e.kind == "crash":
         return ("crash", entry_crash_key(e))
-    return ("finding", spec.get("method"), symptom(e.case, e.counts, profile_for(e)), tuple(sorted(active_features(e.case))))
+    return (e.kind, spec.get("method"), symptom(e.case, e.counts, profile_for(e)), tuple(sorted(active_features(e.case))))
 
 
 def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: int) -> dict:
@@ -173,6 +191,13 @@ def main() -> None:
     m.add_argument("--only", default=None, help="comma-separated bug ids (N1, M05, L1, none)")
     m.add_argument("--steer", choices=("on", "off", "both"), default="on")
     m.add_argument("--out", default=str(RESULTS / "time_to_bug_mutants.json"))
+    g = sub.add_parser("match", help="time to each known bug of a fresh campaign run elsewhere (the GPU machine)")
+    g.add_argument("--engine-name", required=True, help="the engine's version record name: vllm, sglang")
+    g.add_argument("--fresh", required=True, help="the fresh campaign's corpus folder (file mtimes kept)")
+    g.add_argument("--t0", required=True, type=float, help="its start, epoch seconds")
+    g.add_argument("--known", required=True, help="the tracked corpus of that engine, e.g. corpus/h200/sglang")
+    g.add_argument("--label", default="")
+    g.add_argument("--out", required=True)
     e = sub.add_parser("engines")
     e.add_argument("--engine", choices=("vllm", "hf"), required=True)
     e.add_argument("--budget", type=float, default=900.0)
@@ -180,8 +205,15 @@ def main() -> None:
     e.add_argument("--steer", choices=("on", "off", "both"), default="both")
     e.add_argument("--out", default=None)
     a = ap.parse_args()
-    modes = {"on": [True], "off": [False], "both": [True, False]}[a.steer]
     t0 = time.time()
+    if a.what == "match":
+        out = Path(a.out)
+        res = json.loads(out.read_text()) if out.exists() else {"bench": "time_to_bug_gpu", "rows": []}
+        res["rows"].append({"label": a.label, "engine": a.engine_name, **match_fresh(a.engine_name, Path(a.fresh), Path(a.known), a.t0)})
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {out}")
+        return
+    modes = {"on": [True], "off": [False], "both": [True, False]}[a.steer]
     if a.what == "mutants":
         res = bench_mutants(a.seeds, a.budget, a.only.split(",") if a.only else None, modes)
         out = Path(a.out)

@@ -38,11 +38,11 @@ ALL_SAMPLING = frozenset(SamplingParams.__dataclass_fields__)
 SAMPLING_MODES = ("exact", "simulate")
 # Replays per round / states per step beyond which "exact" falls back to simulation.
 EXACT_MODE_MAX_STATES = 20_000
-# Round replays in all beyond which "exact" falls back to simulation: enumerating a large
-# injected process (V=5, K=3 sampled drafts: ~500,000 replays, 7 s) costs more than
-# simulating its samples (~50 µs each). Lossless chains with token verification take the
-# analytic walk of oracle/events.py instead (0.3 s there).
-EXACT_MODE_MAX_REPLAYS = 50_000
+# Round replays in all beyond which "exact" falls back to simulation (~0.2 s of replays):
+# enumerating a large injected process (V=5, K=3 sampled drafts: ~500,000 replays, 7 s) costs
+# more than simulating its samples (~50 µs each). Lossless chains with token verification take
+# the analytic walk of oracle/events.py instead (0.3 s there).
+EXACT_MODE_MAX_REPLAYS = 10_000
 
 
 def _eos_of(ckpt: Path) -> int | None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 from specfuzz.oracle.events import EVENTS, EVENT_KINDS, case_events, event_info, expressible, multi_position, position
@@ -29,8 +31,12 @@ COVERAGE_SCHEMA_VERSION = 1
 # bug living there changes at least that much of the output law's mass, enough for the
 # campaign's samples (1,000 per pattern by default) to see.
 COVERED_P = 0.05
+# Steering keeps favouring an event until its expected occurrences over the samples drawn reach this.
+STEER_OCCURRENCES = 1000
 # Weight of the K values that reach a method's highest thin position (others: 1).
 STEER_K_WEIGHT = 6
+# Families whose events may wait for the background worker; past it they are not computed.
+MAX_PENDING_FAMILIES = 64
 # Case event laws memoised by the campaign (swaps and shrinks rerun the same patterns).
 EVENT_CACHE_SIZE = 4096
 
@@ -70,36 +76,73 @@ class Coverage:
         self.data.setdefault("methods", {})
         self.data.setdefault("reach", {})
         self.profile = profile
-        self._cache: OrderedDict[str, dict | None] = OrderedDict()
+        self._cache: OrderedDict[str, dict | None] = OrderedDict()  # touched by one thread at a time
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque = deque()  # (method, samples, future) of families computed in the background
 
     # -- recording -----------------------------------------------------------------------
 
-    def _events_of(self, case) -> dict | None:
-        key = hashlib.sha256(json.dumps(case.to_json(), sort_keys=True).encode()).hexdigest()
+    def _events_of(self, case, profile: str) -> dict | None:
+        """A case's event law as {"p": probabilities, "x": expected counts} (memoised)."""
+        key = hashlib.sha256(json.dumps([profile, case.to_json()], sort_keys=True).encode()).hexdigest()
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        ev = case_events(case, self.profile)
+        ev = case_events(case, profile)
         out = None if ev is None else {"p": ev.probability, "x": ev.expected}
         self._cache[key] = out
         if len(self._cache) > EVENT_CACHE_SIZE:
             self._cache.popitem(last=False)
         return out
 
-    def record(self, cases: Sequence, samples: Sequence[int]) -> dict[str, float] | None:
-        """Add one family: its patterns ``cases`` with the samples each drew. Returns the
-        family's largest probability per event (None when no pattern's events could be
-        computed)."""
+    def record(self, cases: Sequence, samples: Sequence[int], background: bool = False) -> None:
+        """Add one family: its patterns ``cases`` with the samples each drew. Its counts are
+        added at once; its events are computed here, or with ``background`` on a worker thread
+        (a campaign's main thread mostly waits for the engine process) and added by the next
+        :meth:`drain`."""
         spec = cases[0].spec
         if spec is None:
-            return None
-        row = self.data["methods"].setdefault(spec.method, {"families": 0, "multi_config": 0, "multi_events": 0,
-                                                            "uncomputed": 0, "events": {}})
+            return
+        row = self._row(spec.method)
         row["families"] += 1
         row["multi_config"] += family_is_multi_position(spec)
+        cases, samples, profile = list(cases), list(samples), self.profile
+        if not background:
+            self._add(spec.method, samples, [self._events_of(c, profile) for c in cases])
+            return
+        if len(self._pending) >= MAX_PENDING_FAMILIES:
+            row["uncomputed"] += 1  # the worker is that far behind: this family's events are not computed
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specfuzz-coverage")
+        fut = self._pool.submit(lambda: [self._events_of(c, profile) for c in cases])
+        self._pending.append((spec.method, samples, fut))
+        self.drain()
+
+    def drain(self, wait: bool = False, timeout_s: float | None = None) -> None:
+        """Add the events of families computed in the background, in the order they ran
+        (``wait``: wait for all, up to ``timeout_s`` in all; the rest count as uncomputed)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._pending and (wait or self._pending[0][2].done()):
+            method, samples, fut = self._pending.popleft()
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                evs = fut.result(timeout=left)
+            except Exception:  # a timeout, or a failure of the event computation: not counted
+                evs = [None]
+            self._add(method, samples, evs)
+        if wait and self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _row(self, method: str) -> dict:
+        return self.data["methods"].setdefault(method, {"families": 0, "multi_config": 0, "multi_events": 0,
+                                                        "uncomputed": 0, "events": {}})
+
+    def _add(self, method: str, samples: Sequence[int], evs: Sequence[dict | None]) -> None:
+        row = self._row(method)
         best: dict[str, float] | None = None
-        for case, n in zip(cases, samples):
-            ev = self._events_of(case)
+        for ev, n in zip(evs, samples):
             if ev is None:
                 continue
             best = best or {}
@@ -112,7 +155,6 @@ class Coverage:
             row["uncomputed"] += 1
         elif any(multi_position(e) for e in best):
             row["multi_events"] += 1
-        return best
 
     @staticmethod
     def merge(dst: dict, src: Mapping) -> dict:
@@ -174,16 +216,23 @@ class Coverage:
         return min(vals) if vals else 0.0
 
     def thin(self, method: str, reach: Mapping[str, str | None]) -> list[str]:
-        """The reachable events of ``method`` below COVERED_P, least covered first."""
+        """The reachable events of ``method`` that steering favours, least covered first: below
+        COVERED_P, or with fewer than STEER_OCCURRENCES expected occurrences (a bug that changes
+        the law only a little inside its event needs many samples there)."""
         events = self.data["methods"].get(method, {}).get("events", {})
-        out = [e for e, why in reach.items() if why is None and events.get(e, (0.0, 0.0))[0] < COVERED_P]
+        out = [e for e, why in reach.items() if why is None
+               and (events.get(e, (0.0, 0.0))[0] < COVERED_P or events.get(e, (0.0, 0.0))[1] < STEER_OCCURRENCES)]
         return sorted(out, key=lambda e: (events.get(e, (0.0, 0.0))[0], _event_order(e)))
 
     def steer(self, method: str, reach: Mapping[str, str | None], max_k: int):
-        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``."""
+        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``. Two levers
+        cost engine time, narrower drafts (HF runs universal assisted generation for them) and
+        long outputs: they wait until the method has run a family, and its own coverage says
+        which events need them."""
         from specfuzz.strategies import Steer
 
         thin = set(self.thin(method, reach))
+        first = not self.data["methods"].get(method, {}).get("families")
         # K: every value that can reach a thin positional event gains STEER_K_WEIGHT (a rejection
         # at position i: K >= i; a bonus after k drafts, a leaf at depth d: K = k, d). K = 1 is
         # never favoured: a round of one position reaches no multi-position event.
@@ -201,11 +250,13 @@ class Coverage:
         return Steer(
             k_weights=tuple(k_weights),
             block="block_weight" in thin,
-            narrower="vocab" in kinds,
+            wide_trees=bool(thin & {"tree_sibling", "tree_unfilled"}),
+            narrower="vocab" in kinds and not first,
             features=tuple(features),
             near="residual_small" in thin or any((position(e) or 0) >= 2 for e in thin),
             truncated="draft_truncated" in thin,
-            stop="stop_mid_round" in thin,
+            stop=bool(thin & {"stop_mid_round", "lag:min_tokens", "lag:thinking"}),
+            long=not first and any(e.startswith(("bonus@", "tree_leaf@")) and (position(e) or 0) >= 2 for e in thin),
         )
 
 

@@ -206,14 +206,18 @@ def propagate(outcomes: Callable, start_extra, max_states: int) -> EventLaw:
     final: dict[tuple[int, ...], float] = {}
     seen_final: dict[str, float] = {}
     expected: dict[str, float] = {}
+    tallies: dict[tuple, tuple[frozenset, tuple]] = {}  # events tuple -> (its set, its counts)
     while frontier:
         nxt: dict[tuple, list] = {}
         for (committed, extra), (mass, seen) in frontier.items():
             for prob, emitted, done, events, new_extra in outcomes(committed, extra):
                 m = mass * prob
                 if events:
-                    here = set(events)
-                    for e, c in Counter(events).items():
+                    tally = tallies.get(events)
+                    if tally is None:
+                        tally = tallies[events] = (frozenset(events), tuple(Counter(events).items()))
+                    here, counts = tally
+                    for e, c in counts:
                         expected[e] = expected.get(e, 0.0) + m * c
                     new_seen = {e: s * prob for e, s in seen.items() if e not in here}
                     for e in here:

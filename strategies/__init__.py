@@ -32,18 +32,23 @@ class Steer:
     ``k_weights[k-1]``: the relative weight of K = k (chain length, tree depth); ``block``:
     block verification more often; ``narrower``: a draft narrower than the target more often;
     ``features``: sampling features drawn on 3 times in 4 instead of 1 in 2; ``near``: drafts
-    close to the target (late rejections, small residuals); ``truncated``: drafts that prefer
-    what the target ranks last (drafts cut by top-k/top-p/min-p); ``stop``: drafts that
-    favour EOS (stop tokens accepted mid-round). Every weighted choice still shrinks toward
+    close to the target (late rejections, small residuals); ``wide_trees``: trees of two or more
+    children per node (siblings, unfilled nodes); ``truncated``: drafts that prefer
+    what the target ranks last (drafts cut by top-k/top-p/min-p); ``stop``: an EOS in the
+    start shape 3 times in 4, and drafts that favour it (stop tokens accepted mid-round,
+    min_tokens and thinking budgets ending inside a round); ``long``: max_tokens at its largest
+    half of the time (rounds that reach their bonus token). Every weighted choice still shrinks toward
     its simplest value."""
 
     k_weights: tuple[int, ...] = (1, 3, 3)
     block: bool = False
+    wide_trees: bool = False
     narrower: bool = False
     features: tuple[str, ...] = ()
     near: bool = True
     truncated: bool = False
     stop: bool = False
+    long: bool = False
 
     def k(self, draw, values: list[int]) -> int:
         """K among ``values`` (ascending), weighted by ``k_weights``; shrinks to the smallest."""
@@ -84,7 +89,7 @@ def tables(draw, rows: int, cols: int, kind: str | None = None) -> np.ndarray:
 def draft_tables(draw, target: np.ndarray, v_draft: int, steer: Steer | None = None, eos: int | None = None,
                  d2t: tuple[int, ...] | None = None) -> np.ndarray:
     """A draft table [max(V, V_draft), V_draft]: unrelated, identical or perturbed; with a
-    ``steer`` also *near* the target (each logit moved by at most 1/4: p ~ q, so rejections
+    ``steer`` also *near* the target (one logit per row moved by 1/4: p ~ q, so rejections
     come late and residuals are small), *reversed* (the target's logits negated: the draft
     prefers what the target ranks last, which top-k/top-p/min-p cut) and *stop-seeking*
     (the target's with EOS raised by 2: EOS drafted mid-round). A related draft narrower than
@@ -104,8 +109,11 @@ def draft_tables(draw, target: np.ndarray, v_draft: int, steer: Steer | None = N
     if rel == "identical":
         return base
     if rel == "near":
-        return base + np.array(draw(st.lists(st.sampled_from([0.0, 0.25, -0.25]), min_size=base.size,
-                                             max_size=base.size))).reshape(base.shape)
+        # One logit per row moved by 1/4: the rows' acceptance stays high and their residuals small.
+        out = base.copy()
+        for r in range(out.shape[0]):
+            out[r, draw(st.integers(0, out.shape[1] - 1))] += draw(st.sampled_from([0.25, -0.25]))
+        return out
     if rel == "reversed":
         return -base
     if rel == "stop-seeking":
@@ -209,7 +217,7 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
             if steer is not None and steer.block:
                 allowed = knobs.get(f"{method}.verify", knobs.get("verify"))
                 modes = [v for v in ("token", "block") if allowed is None or v in allowed] or list(allowed)
-                kw["verify"] = _weighted(draw, modes, [1] + [3] * (len(modes) - 1))
+                kw["verify"] = _weighted(draw, modes, [1] + [2] * (len(modes) - 1))
             else:
                 kw["verify"] = pick(draw, "verify", ["token", "block"], method)
         if method in CHAIN_DRAFT_METHODS + ("eagle_tree",):
@@ -218,7 +226,10 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
             lo = pick(draw, "ngram_min", [1, 2])
             kw["ngram_min"], kw["ngram_max"] = lo, ints(draw, "ngram_max", lo, 3, method)
         if method in ("eagle_tree", "ngram_tree"):
-            kw["tree_topk"] = ints(draw, "tree_topk", 1, 3, method, cap=vocab if method == "eagle_tree" else None)
+            cap = vocab if method == "eagle_tree" else None
+            # Steered toward siblings: two or more children per node, where the engine takes it.
+            wide = steer is not None and steer.wide_trees and 2 in values("tree_topk", 1, min(3, cap or 3), method)
+            kw["tree_topk"] = ints(draw, "tree_topk", 2 if wide else 1, 3, method, cap=cap)
             # Steered: a budget that leaves room for the tree's depth (K levels).
             lo = min(6, max(1, K)) if steer is not None else 1
             kw["tree_budget"] = ints(draw, "tree_budget", lo, 6, method)
@@ -326,7 +337,10 @@ def start_shapes(
         Vs = [v for v in Vs if any(v >= n for n in need.values())] or Vs
         floors = {**floors, **need}
     V = draw(st.sampled_from(Vs))
-    eos = draw(st.none() | st.integers(0, V - 1))
+    if steer is not None and steer.stop and draw(st.integers(0, 3)) > 0:
+        eos = draw(st.integers(0, V - 1))  # stop events are thin: an EOS 3 times in 4
+    else:
+        eos = draw(st.none() | st.integers(0, V - 1))
     if not speculation:
         return StartShape(V, eos, None)
     fit = tuple(m for m in methods if floors.get(m, 2) <= V) or methods
@@ -363,9 +377,9 @@ def _reduced_draft_sampling(draw, spec: SpecConfig, V: int, width: int, knobs: d
 
 
 def _max_tokens(draw, lo: int, hi: int, steer: Steer | None) -> int:
-    """max_tokens in [lo, hi]; steered, ``hi`` half of the time (room for rounds that reach
-    their bonus token), else uniform (short outputs cut rounds: event max_tokens_cut)."""
-    if steer is not None and hi > lo and draw(st.booleans()):
+    """max_tokens in [lo, hi]; with ``steer.long``, ``hi`` half of the time (room for rounds that
+    reach their bonus token), else uniform (short outputs cut rounds: event max_tokens_cut)."""
+    if steer is not None and steer.long and hi > lo and draw(st.booleans()):
         return hi
     return draw(st.integers(lo, hi))
 

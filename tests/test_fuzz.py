@@ -102,8 +102,9 @@ def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatc
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
     assert found[0].label == "unknown"
-    # the candidate's confirmation, then one of what the shrinkers kept (none by the search itself)
-    assert "_search" not in calls and "run_example" in calls, calls
+    # the candidate's confirmation (the candidate pipeline), then one of what the shrinkers kept
+    # (none by the search itself, Search.run)
+    assert not {"_search", "run"} & set(calls) and "_candidate" in calls, calls
     assert {"_greedy_shrink", "_confirm_smallest"} & set(calls), calls
     assert stats.candidates > stats.confirmations, (stats.candidates, calls)
     case = found[0].case
