@@ -51,10 +51,9 @@ from typing import Mapping
 
 import numpy as np
 
-from .semantics import (
-    NEAR_TIE_RTOL, NEG_INF, TOP_P_ATOL, History, Profile, RequestSpec, _check, add_bias, apply_top_k, greedy_probs,
-    softmax,
-)
+from .profile import History, Profile, RequestSpec
+from .steps import NEAR_TIE_RTOL, NEG_INF, TOP_P_ATOL, add_bias, apply_top_k, greedy_probs, softmax
+from .steps import check_rows as _check
 
 # llama-server's default repeat_last_n, which the adapter sends: the penalties' window.
 PENALTY_LAST_N = 64
