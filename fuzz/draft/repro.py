@@ -179,13 +179,14 @@ def default_samples(data: DraftData) -> int:
 # The template of each engine's part, and what the script needs besides numpy and safetensors.
 ENGINE_TEMPLATES: dict[str, str] = {
     "reference": "repro_reference.py", "vllm": "repro_vllm.py", "sglang": "repro_sglang.py",
-    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py",
+    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py", "llamacpp": "repro_llamacpp.py",
 }
 NEEDS: dict[str, str] = {
     "reference": "numpy, safetensors and specfuzz (its reference sampler is the engine)",
     "vllm": "numpy, safetensors and vLLM", "sglang": "numpy, safetensors and SGLang",
     "hf-transformers": "numpy, safetensors, torch and transformers",
     "generic": "numpy, safetensors, specfuzz and the engine",
+    "llamacpp": "numpy, safetensors, gguf and a llama-server binary (llama.cpp)",
 }
 TEMPLATES_PACKAGE = "specfuzz.fuzz.draft.templates"
 BEGIN = "# ---- repro.py begins ----\n"
