@@ -70,7 +70,17 @@ def _median(times: list[float | None], budget_s: float) -> float | None:
     return None if m == float("inf") or m > budget_s * 10 else round(m, 1)
 
 
-def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_modes: list[bool]) -> dict:
+def _save_rows(out: Path, res: dict) -> None:
+    """Write ``res`` to ``out``, keeping the rows of other (bug, steering) pairs already there:
+    a bench split over several processes, or killed, keeps every row it finished."""
+    if out.exists():
+        old = json.loads(out.read_text())
+        done = {(r["bug"], r["steer"]) for r in res["rows"]}
+        res = {**res, "rows": [r for r in old.get("rows", []) if (r["bug"], r["steer"]) not in done] + res["rows"]}
+    out.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_modes: list[bool], out: Path) -> dict:
     from specfuzz.oracle.mutants import CONTROLS, MUTANTS
     from specfuzz.oracle.speculative import BUG_CLASSES
 
@@ -98,7 +108,13 @@ def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_mod
                 "found": sum(r["time_to_bug_s"] is not None for r in runs),
                 "runs": runs,
             })
-    return {"bench": "time_to_bug_mutants", "budget_s": budget_s, "seeds": seeds, "rows": rows}
+            _save_rows(out, {**_header(budget_s, seeds), "rows": rows[-1:]})
+    return {**_header(budget_s, seeds), "rows": rows}
+
+
+def _header(budget_s: float, seeds: int) -> dict:
+    return {"bench": "time_to_bug_mutants", "budget_s": budget_s, "seeds": seeds, "date": time.strftime("%Y-%m-%d"),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}}
 
 
 def _known_keys(engine_name: str, corpus: Path | None = None, cpu: bool = True) -> dict[str, tuple]:
@@ -237,19 +253,15 @@ def main() -> None:
         return
     modes = {"on": [True], "off": [False], "both": [True, False]}[a.steer]
     if a.what == "mutants":
-        res = bench_mutants(a.seeds, a.budget, a.only.split(",") if a.only else None, modes)
-        out = Path(a.out)
-    else:
-        res = bench_engine(a.engine, a.budget, modes, a.seed)
-        out = Path(a.out or RESULTS / f"time_to_bug_{a.engine}.json")
+        # Rows are written as they finish, beside those of other bugs already in the file.
+        bench_mutants(a.seeds, a.budget, a.only.split(",") if a.only else None, modes, Path(a.out))
+        print(f"wrote {a.out}")
+        return
+    res = bench_engine(a.engine, a.budget, modes, a.seed)
+    out = Path(a.out or RESULTS / f"time_to_bug_{a.engine}.json")
     res["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
     res["seconds"] = round(time.time() - t0, 1)
     res["date"] = time.strftime("%Y-%m-%d")
-    if out.exists() and a.what == "mutants" and a.only:
-        # --only: replace those rows in the existing results, keep the others.
-        old = json.loads(out.read_text())
-        keep = [r for r in old.get("rows", []) if (r["bug"], r["steer"]) not in {(r2["bug"], r2["steer"]) for r2 in res["rows"]}]
-        res["rows"] = keep + res["rows"]
     out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {out}")
 
