@@ -31,6 +31,8 @@ COVERAGE_SCHEMA_VERSION = 1
 # bug living there changes at least that much of the output law's mass, enough for the
 # campaign's samples (1,000 per pattern by default) to see.
 COVERED_P = 0.05
+# Steering keeps favouring an event until its expected occurrences over the samples drawn reach this.
+STEER_OCCURRENCES = 1000
 # Weight of the K values that reach a method's highest thin position (others: 1).
 STEER_K_WEIGHT = 6
 # Families whose events may wait for the background worker; past it they are not computed.
@@ -214,16 +216,23 @@ class Coverage:
         return min(vals) if vals else 0.0
 
     def thin(self, method: str, reach: Mapping[str, str | None]) -> list[str]:
-        """The reachable events of ``method`` below COVERED_P, least covered first."""
+        """The reachable events of ``method`` that steering favours, least covered first: below
+        COVERED_P, or with fewer than STEER_OCCURRENCES expected occurrences (a bug that changes
+        the law only a little inside its event needs many samples there)."""
         events = self.data["methods"].get(method, {}).get("events", {})
-        out = [e for e, why in reach.items() if why is None and events.get(e, (0.0, 0.0))[0] < COVERED_P]
+        out = [e for e, why in reach.items() if why is None
+               and (events.get(e, (0.0, 0.0))[0] < COVERED_P or events.get(e, (0.0, 0.0))[1] < STEER_OCCURRENCES)]
         return sorted(out, key=lambda e: (events.get(e, (0.0, 0.0))[0], _event_order(e)))
 
     def steer(self, method: str, reach: Mapping[str, str | None], max_k: int):
-        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``."""
+        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``. Two levers
+        cost engine time, narrower drafts (HF runs universal assisted generation for them) and
+        long outputs: they wait until the method has run a family, and its own coverage says
+        which events need them."""
         from specfuzz.strategies import Steer
 
         thin = set(self.thin(method, reach))
+        first = not self.data["methods"].get(method, {}).get("families")
         # K: every value that can reach a thin positional event gains STEER_K_WEIGHT (a rejection
         # at position i: K >= i; a bonus after k drafts, a leaf at depth d: K = k, d). K = 1 is
         # never favoured: a round of one position reaches no multi-position event.
@@ -242,11 +251,12 @@ class Coverage:
             k_weights=tuple(k_weights),
             block="block_weight" in thin,
             wide_trees=bool(thin & {"tree_sibling", "tree_unfilled"}),
-            narrower="vocab" in kinds,
+            narrower="vocab" in kinds and not first,
             features=tuple(features),
             near="residual_small" in thin or any((position(e) or 0) >= 2 for e in thin),
             truncated="draft_truncated" in thin,
             stop=bool(thin & {"stop_mid_round", "lag:min_tokens", "lag:thinking"}),
+            long=not first and any(e.startswith(("bonus@", "tree_leaf@")) and (position(e) or 0) >= 2 for e in thin),
         )
 
 

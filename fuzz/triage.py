@@ -123,7 +123,7 @@ def profile_for(entry: Entry) -> str:
     name = str(entry.engine.get("name", ""))
     if name in HF_ENGINE_NAMES:
         return "hf"
-    return "sglang" if name == "sglang" else "vllm"
+    return {"sglang": "sglang", "llama.cpp": "llamacpp"}.get(name, "vllm")
 
 
 def engine_label(entry: Entry) -> str:

@@ -84,8 +84,8 @@ class MonteCarloDriver:
         coined: frozenset[int] = frozenset()
         self.last_events = Counter()
         while True:
-            res = RoundResult()
-            _run_round(self.process.round(committed, res, coined), answer)
+            res = RoundResult(coined_before=coined)
+            _run_round(self.process.round(committed, res), answer)
             slots.pop(ROUND_SLOT, None)
             self.stats.rounds += 1
             self.stats.proposed += res.proposed
@@ -167,8 +167,8 @@ class ExactDriver:
                         branch = [a for a, pa in ((True, cut - lo), (False, hi - cut)) if pa > 0]
                 raise _Branch
 
-            res = RoundResult()
-            gen = self.process.round(committed, res, coined)
+            res = RoundResult(coined_before=coined)
+            gen = self.process.round(committed, res)
             try:
                 _run_round(gen, answer)
             except _Branch:

@@ -59,7 +59,8 @@ EVENTS: tuple[Event, ...] = (
     Event("tree_unfilled", "tree", "tree: a visited node has fewer children than the tree's top-k (or the tree is empty)"),
     Event("residual_single", "residual", "a rejection's residual (p - q)+ has one token of support"),
     Event("residual_small", "residual", "a rejection's residual (p - q)+ has total mass below 0.05"),
-    Event("block_weight", "block", "block verification: the residual after a partial acceptance carries a weight w < 1: (w p - q)+"),
+    Event("block_weight", "block", "block verification: a draft before the last has p/q < 1, so the weight w carried to the "
+          "later positions' tests and residuals is below 1"),
     Event("stop_mid_round", "stop", "a stop token is accepted as a draft with more drafts after it, before max_tokens"),
     Event("max_tokens_cut", "stop", "a draft is verified at the output's last allowed position with more drafts after it"),
     Event("lag:min_tokens", "processor", "at a position after uncommitted drafts, min_tokens' mask differs from the committed output's"),

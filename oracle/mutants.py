@@ -28,7 +28,7 @@ MUTANTS: dict[str, tuple[str, str]] = {
     "M04": ("tree_leaf@2+", "the bonus token at a leaf two or more levels deep is the argmax of p, not a sample"),
     "M05": ("residual_single", "a residual with one token of support emits the rejected draft instead"),
     "M06": ("residual_small", "a residual of mass below RESIDUAL_SMALL_MASS is replaced by p"),
-    "M07": ("block_weight", "block verification's residual after a partial acceptance drops the weight: (p - q)+, not (w p - q)+"),
+    "M07": ("block_weight", "block verification's weight is not carried: w_i = min(1, p_i/q_i), not min(1, w_(i-1) p_i/q_i)"),
     "M08": ("tree_sibling", "a sibling after a rejected first child is tested with p(child), not p(child) / (1 - mass tested)"),
     "M09": ("stop_mid_round", "an accepted stop token with drafts after it does not end the output"),
     "M10": ("max_tokens_cut", "the draft at the last allowed position is accepted untested when more drafts follow"),

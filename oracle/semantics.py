@@ -51,6 +51,13 @@ allowed tokens (``suppress_tokens``) → greedy argmax, or temperature → top-k
 min-p → softmax. No frequency/presence penalties, constraints or thinking budgets. See
 :class:`HFProfile` for the details and the differences from vLLM.
 
+The ``"llamacpp"`` profile (:class:`~.semantics_llamacpp.LlamaCppProfile`, llama-server)
+-----------------------------------------------------------------------------------------
+logit bias (``ignore_eos``: EOS masked) → penalties over the last 64 tokens of prompt +
+output → top-k → top-p (the shortest prefix reaching ``top_p``) → min-p → temperature last
+→ softmax. No allowed tokens, bad words, min_tokens, stop token ids, constraints or thinking
+budgets. See :mod:`.semantics_llamacpp`.
+
 Masked means ``-inf``. Stopping (not part of the profile): after token ``v`` the output
 is complete if ``v`` is EOS (and not ``ignore_eos``) or in ``stop_token_ids``, or it has
 ``max_tokens`` tokens.
@@ -100,6 +107,7 @@ from specfuzz.errors import InvalidInput
 
 from .profile import PROCESSORS, History, Profile, RequestSpec
 from .profiles import HF_PROCESSORS, HF_UNSUPPORTED, SGLANG_UNSUPPORTED, HFProfile, SGLangProfile, VLLMProfile
+from .semantics_llamacpp import LlamaCppProfile
 from .steps import FLOAT32_SOFTMAX_ZERO_GAP, MIN_P_RTOL, NEAR_TIE_RTOL, NEG_INF, TOP_P_ATOL, RowAmbiguity
 
 __all__ = [
@@ -108,7 +116,8 @@ __all__ = [
     "FLOAT32_SOFTMAX_ZERO_GAP", "MIN_P_RTOL", "NEAR_TIE_RTOL", "NEG_INF", "TOP_P_ATOL",
 ]
 
-PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile, "sglang": SGLangProfile}
+PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile, "sglang": SGLangProfile,
+                                      "llamacpp": LlamaCppProfile}
 
 
 def get_profile(profile: "str | Profile") -> Profile:
@@ -118,3 +127,4 @@ def get_profile(profile: "str | Profile") -> Profile:
     if isinstance(profile, str) and profile in PROFILES:
         return PROFILES[profile]()
     raise InvalidInput("profile", profile, f"one of {sorted(PROFILES)} or a Profile instance")
+

@@ -101,6 +101,10 @@ class RoundResult:
     proposed: int = 0  # draft tokens proposed this round
     events: list[str] = field(default_factory=list)  # with record_events: the events this round went through
     coined: list[int] = field(default_factory=list)  # with record_events: slots of its probabilistic acceptance tests
+    # Set by the driver: the slots the earlier rounds of this output tested with a coin (event coin_reused).
+    coined_before: frozenset[int] = frozenset()
+    # Set by the round: draft slots from here on are accepted untested (mutant M14's padding).
+    untested_from: int | None = None
 
 
 # ----------------------------------------------------------------------------- the round
@@ -379,10 +383,10 @@ class SpeculativeProcess:
         if 0 < mass < RESIDUAL_SMALL_MASS:
             res.events.append("residual_small")
 
-    def _coin(self, res: RoundResult, slot: int, coined: frozenset[int]) -> int | None:
+    def _coin(self, res: RoundResult, slot: int) -> int | None:
         """Events of a probabilistic acceptance test at ``slot``; the slot its uniform comes from."""
         if self.record_events:
-            if slot in coined:
+            if slot in res.coined_before:
                 res.events.append("coin_reused")
             if res.coined:
                 res.events.append("coin_repeat")
@@ -393,13 +397,13 @@ class SpeculativeProcess:
 
     # -- one round -----------------------------------------------------------------------
 
-    def round(self, committed: tuple[int, ...], res: RoundResult, coined: frozenset[int] = frozenset()) -> RoundGen:
-        """One round from the committed output. ``coined``: the slots tested with a coin in the
-        earlier rounds of this output (for the event ``coin_reused`` only)."""
+    def round(self, committed: tuple[int, ...], res: RoundResult) -> RoundGen:
+        """One round from the committed output (subclasses may override the steps below with
+        these signatures; the round's inputs and scratch beyond them live in ``res``)."""
         if self.spec.is_tree:
             yield from self._tree_round(committed, res)
         else:
-            yield from self._chain_round(committed, res, coined)
+            yield from self._chain_round(committed, res)
 
     def _emit(self, committed: tuple[int, ...], res: RoundResult, tok: int) -> bool:
         """Append a token; True when the output is complete."""
@@ -430,11 +434,10 @@ class SpeculativeProcess:
         tok = int(np.argmax(p)) if greedy else (yield Draw(p))
         self._emit(committed, res, int(tok))
 
-    def _chain_round(self, committed: tuple[int, ...], res: RoundResult, coined: frozenset[int]) -> RoundGen:
+    def _chain_round(self, committed: tuple[int, ...], res: RoundResult) -> RoundGen:
         spec = self.spec
         K = spec.num_speculative_tokens
         W = self._W
-        untested_from = None  # M14: padded draft slots from here on are accepted untested
         # 1. draft
         drafts: list[int] = []
         qs: list[np.ndarray] = []  # each [W], the distribution the drafter sampled from
@@ -461,7 +464,7 @@ class SpeculativeProcess:
             if 0 < len(drafts) < K:
                 self._note(res, "short_draft")
                 if spec.inject == "M14":
-                    untested_from = len(drafts)
+                    res.untested_from = len(drafts)
                     drafts = drafts + [drafts[-1]] * (K - len(drafts))
             if spec.inject == "N6":
                 drafts = drafts + [PLACEHOLDER_TOKEN_ID] * (K - len(drafts))
@@ -477,9 +480,9 @@ class SpeculativeProcess:
             qs = self._strided_q_reads(qs)
         # 2. verify
         if spec.verify == "block":
-            yield from self._block_verify(committed, drafts, qs, res, coined)
+            yield from self._block_verify(committed, drafts, qs, res)
         else:
-            yield from self._token_verify(committed, drafts, qs, res, coined, untested_from)
+            yield from self._token_verify(committed, drafts, qs, res)
 
     def _strided_q_reads(self, qs: list[np.ndarray]) -> list[np.ndarray]:
         """N7: q stored as a flat [K * V_draft] buffer, read at row i from offset i * V_target."""
@@ -492,8 +495,7 @@ class SpeculativeProcess:
             out.append(row)
         return out
 
-    def _token_verify(self, committed, drafts, qs, res: RoundResult, coined: frozenset[int] = frozenset(),
-                      untested_from: int | None = None) -> RoundGen:
+    def _token_verify(self, committed, drafts, qs, res: RoundResult) -> RoundGen:
         V = self.V
         inject = self.spec.inject
         n = len(drafts)
@@ -516,10 +518,10 @@ class SpeculativeProcess:
                 accept_prob = 1.0 if qd == 0 else min(1.0, pd / qd)  # kernel tests p >= u * q
             else:
                 accept_prob = 0.0 if qd == 0 else min(1.0, pd / qd)
-            if (untested_from is not None and i >= untested_from) or (inject == "M10" and cut):
+            if (res.untested_from is not None and i >= res.untested_from) or (inject == "M10" and cut):
                 accepted = True
             elif 0 < accept_prob < 1.0:
-                accepted = yield Coin(accept_prob, self._coin(res, i, coined))
+                accepted = yield Coin(accept_prob, self._coin(res, i))
             else:
                 accepted = accept_prob >= 1.0
             if accepted:
@@ -549,7 +551,7 @@ class SpeculativeProcess:
             p = self.p_at(out[:-1], n - 1)
         yield from self._final_draw(committed, res, p, greedy=inject == "M13" and n == 0)
 
-    def _block_verify(self, committed, drafts, qs, res: RoundResult, coined: frozenset[int] = frozenset()) -> RoundGen:
+    def _block_verify(self, committed, drafts, qs, res: RoundResult) -> RoundGen:
         K = len(drafts)
         inject = self.spec.inject
         if K == 0:
@@ -569,7 +571,10 @@ class SpeculativeProcess:
             pd = ps[i][d] if d >= 0 else ps[i][self.V - 1]
             if d >= 0 and qd > 0 and self.record_events and self._truncated(outs[i], d, ps[i]):
                 self._note(res, "draft_truncated")
-            w.append(min(1.0, w[-1] * pd / qd) if qd > 0 else 0.0)
+            carried = 1.0 if inject == "M07" else w[-1]  # M07: the weight is not carried over positions
+            w.append(min(1.0, carried * pd / qd) if qd > 0 else 0.0)
+        if any(x < 1.0 for x in w[1:K]):
+            self._note(res, "block_weight")
         tau = 0
         for i in range(1, K + 1):
             if i < K:
@@ -580,7 +585,7 @@ class SpeculativeProcess:
                 h = w[K]
             if h >= 1.0:
                 tau = i
-            elif h > 0 and (yield Coin(h, self._coin(res, i - 1, coined))):
+            elif h > 0 and (yield Coin(h, self._coin(res, i - 1))):
                 tau = i
         res.accepted = tau
         for j, d in enumerate(drafts[:tau]):
@@ -595,10 +600,6 @@ class SpeculativeProcess:
         else:
             self._note(res, f"reject@{tau + 1}")
             raw = np.maximum(w[tau] * ps[tau] - qs[tau], 0.0)  # [W]
-            if tau >= 1 and w[tau] < 1.0:
-                self._note(res, "block_weight")
-                if inject == "M07":
-                    raw = np.maximum(ps[tau] - qs[tau], 0.0)
             tok = yield from self._resample(res, raw, ps[tau], drafts[tau] if drafts[tau] >= 0 else None,
                                             tau >= 1 and inject == "M01")
             self._emit(committed, res, int(tok))

@@ -40,6 +40,10 @@ FORMS: dict[str, Form] = {
                             "https://github.com/huggingface/transformers/issues/new?template=bug-report.yml",
                             "transformers env", (("-m", "transformers.cli.transformers", "env"),
                                                  ("-m", "transformers.commands.transformers_cli", "env"))),
+    "llamacpp": Form("llama.cpp", "Eval bug: ", ("bug-unconfirmed",),
+                     "https://github.com/ggml-org/llama.cpp/issues/new?template=011-bug-results.yml", "llama-server --version",
+                     (("-c", "import subprocess; r = subprocess.run(['llama-server', '--version'], capture_output=True, "
+                             "text=True); print(r.stdout + r.stderr)"),)),
     "reference": Form("specfuzz", "", (), "", "python -m specfuzz --version", (("-m", "specfuzz", "--version"),)),
     "generic": Form("the engine", "", (), "", "pip list", (("-m", "pip", "list"),)),
 }

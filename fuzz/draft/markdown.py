@@ -291,7 +291,10 @@ def _run_lines(data: DraftData, samples: int, lines: int) -> list[str]:
     pkg = {"vllm": "vllm", "sglang": "sglang", "hf-transformers": "torch transformers"}.get(k)
     install = (f"pip install {pkg}=={ver}" if pkg and ver and k != "hf-transformers" else
                f"pip install torch transformers=={ver}" if k == "hf-transformers" and ver else
-               "pip install numpy specfuzz" if k == "reference" else "pip install specfuzz  # plus the engine")
+               "pip install numpy specfuzz" if k == "reference" else
+               (f"pip install numpy gguf   # and llama-server: llama.cpp as vendored by llama-cpp-python=={ver} (cmake -B build "
+                "&& cmake --build build --target llama-server), then python repro.py --server PATH") if k == "llamacpp" else
+               "pip install specfuzz  # plus the engine")
     what = ("runs the requests that crashed the engine and ends with `FAIL` when it crashes" if data.is_crash else
             f"samples the request ({samples} samples at most, stopping once the evidence is decisive), prints observed "
             f"vs expected and ends with `FAIL` when the outputs leave μ (level α = {REPRO_ALPHA:g})")

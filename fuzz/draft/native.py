@@ -43,6 +43,8 @@ def sampling_for(data, params, prompt: list[int] | None = None) -> tuple[dict, d
             return kw, {}
         if k == "hf-transformers":
             return _hf(data, req)
+        if k == "llamacpp":
+            return _llamacpp(data, req)
     except SpecfuzzError as exc:
         raise DraftError(f"{data.stem}: the request cannot be mapped to the engine's arguments: {exc}") from None
     spec = None if case.spec is None else {**case.spec.to_json(), "inject": None}
@@ -81,3 +83,21 @@ def _hf(data, req: Request) -> tuple[dict, dict]:
     if assistant is not None:
         extra["ASSISTANT"] = assistant
     return kw, extra
+
+
+def _llamacpp(data, req: Request) -> tuple[dict, dict]:
+    from pathlib import Path
+
+    from specfuzz.engines.base import EngineConfig
+    from specfuzz.engines.llamacpp_engine import SETTINGS, completion_body, server_args
+    from specfuzz.fuzz.draft.launch import max_model_len
+
+    case = data.case
+    s = {name: default for name, (default, _) in SETTINGS.items()} | dict(data.settings)
+    draft = Path("{draft}") if case.spec is not None and case.spec.method == "draft_model" else None
+    config = EngineConfig(target_dir=Path("{target}"), draft_dir=draft, speculation=case.spec, dtype="float32",
+                          max_model_len=max_model_len(case), settings=dict(data.settings))
+    body = completion_body(req, case.vocab_size)
+    body.pop("prompt", None)
+    body.pop("seed", None)
+    return body, {"SERVER_ARGS": server_args(config, Path("{target}"), draft, s), "SLOTS": int(s["slots"])}

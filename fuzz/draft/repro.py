@@ -44,16 +44,17 @@ RARE_REPRO_SAMPLES = 20_000
 # py-spy dumps and a wait of up to 60 s for CUDA core dumps held a failing crash repro for minutes.
 SGLANG_DIAGNOSTICS_OFF = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 # Requests per engine call of entries that do not record their failing run's batch.
-DEFAULT_BATCH = {"reference": 250, "vllm": 200, "sglang": 200, "hf-transformers": 100, "generic": 200}
+DEFAULT_BATCH = {"reference": 250, "vllm": 200, "sglang": 200, "hf-transformers": 100, "generic": 200, "llamacpp": 200}
 # The template of each engine's part, and what the script needs.
 ENGINE_TEMPLATES: dict[str, str] = {
     "reference": "repro_reference.py", "vllm": "repro_vllm.py", "sglang": "repro_sglang.py",
-    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py",
+    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py", "llamacpp": "repro_llamacpp.py",
 }
 NEEDS: dict[str, str] = {
     "reference": "numpy and specfuzz (its reference sampler is the engine)",
     "vllm": "vLLM (with its torch and safetensors)", "sglang": "SGLang (with its torch and safetensors)",
     "hf-transformers": "torch, safetensors and transformers", "generic": "torch, safetensors, specfuzz and the engine",
+    "llamacpp": "numpy, gguf and a llama-server binary (llama.cpp)",
 }
 # The end of the docstring: what the script checks (a distribution finding, a crash).
 WHAT = {False: "tests the outputs against EXPECTED, the exact law mu\nof the request: FAIL (the outputs do not follow mu) or PASS.",
@@ -102,6 +103,10 @@ DATA_NOTES = {
     "FOCUS": "mu's next step after the prefix where the finding deviated most (None: end)",
     "CALLS": "the engine calls that crashed it: request patterns [prompt, sampling], sent in turn",
     "CRASH_CAUSE": "the exception the engine's log named when found (numbers as #)",
+    "TARGET_GGUF": "the target's GGUF as specfuzz.tablegen wrote it: key-value pairs, tensors as [shape, fill, entries]",
+    "DRAFT_GGUF": "the draft model's GGUF, likewise",
+    "SERVER_ARGS": "llama-server's options as specfuzz's adapter passed them",
+    "SLOTS": "llama-server -np: requests served at once",
 }
 
 
@@ -121,11 +126,11 @@ def features(data: DraftData, d: dict) -> set[str]:
         f.add("checkpoints")
     if k in ("vllm", "sglang"):
         f.add("launch")
-    if k in ("reference", "generic"):
+    if k in ("reference", "generic", "llamacpp"):
         f.add("own_arguments")
-    if "checkpoints" in f or "crash" in f:
+    if "checkpoints" in f or "crash" in f or k == "llamacpp":
         f.add("needs_os")
-    if "checkpoints" in f or "launch" in f:
+    if "checkpoints" in f or "launch" in f or k == "llamacpp":
         f.add("needs_json")
     if k == "sglang":
         f.add("hard_exit")
@@ -216,6 +221,36 @@ def checkpoint_data(data: DraftData) -> dict:
         return d
 
 
+def gguf_spec(path: Path) -> dict:
+    """A GGUF file as data: its key-value pairs ([type, value, element type]) and sparse tensors."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    kv = {}
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        types = [t.name for t in f.types]
+        kv[key] = [types[0], f.contents(), types[1] if len(types) > 1 else None]
+    arch = r.fields["general.architecture"].contents()
+    return {"arch": arch, "kv": kv, "tensors": {t.name: sparse(np.asarray(t.data, dtype=np.float64)) for t in r.tensors}}
+
+
+def gguf_data(data: DraftData) -> dict:
+    """TARGET_GGUF and DRAFT_GGUF: the GGUF files the llamacpp adapter loads for the case (tablegen's)."""
+    from specfuzz.engines.checkpoints import materialize
+    from specfuzz.tablegen.gguf_model import gguf_from_checkpoint
+
+    case = data.case
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = materialize(case, Path(tmp), "float32")
+        d = {"TARGET_TABLE": read_safetensors(ck.target_dir / "model.safetensors")["lm_head.weight"][:, :data.vocab_size].T.tolist(),
+             "TARGET_GGUF": gguf_spec(gguf_from_checkpoint(ck.target_dir, Path(tmp) / "target.gguf")), "DRAFT_GGUF": None}
+        if ck.draft_dir is not None and case.spec is not None and case.spec.method == "draft_model":
+            d["DRAFT_GGUF"] = gguf_spec(gguf_from_checkpoint(ck.draft_dir, Path(tmp) / "draft.gguf"))
+        return d
+
+
 def focus(data: DraftData) -> dict | None:
     """The prefix where the finding's samples deviated most from mu, with mu's next-step law there."""
     wt = data.effect.worst_token or {}
@@ -254,7 +289,9 @@ def repro_data(data: DraftData, samples: int) -> dict:
     case, k = data.case, data.engine_kind
     sampling, extra = sampling_for(data, case.params)
     d: dict[str, Any] = {"ENGINE_VERSION": str(data.engine.get("version", "")), "DTYPE": data.dtype}
-    if k == "reference":
+    if k == "llamacpp":
+        d.update(gguf_data(data))
+    elif k == "reference":
         from specfuzz.engines.checkpoints import square_draft_table
         from specfuzz.tablegen.rounding import round_table
 
@@ -266,7 +303,7 @@ def repro_data(data: DraftData, samples: int) -> dict:
     d.update(PROMPT=list(case.prompt), EOS_TOKEN_ID=case.eos_token_id, MAX_TOKENS=case.params.max_tokens,
              SAMPLING=sampling, **extra)
     if k != "reference":
-        d = {n: v for n, v in d.items() if v is not None or n not in ("DRAFT_TABLE", "DRAFT_FILES", "HEAD")}
+        d = {n: v for n, v in d.items() if v is not None or n not in ("DRAFT_TABLE", "DRAFT_FILES", "HEAD", "DRAFT_GGUF")}
     if data.launch:
         inherited = dict(data.launch.get("inherited_env") or {})
         if k == "sglang":  # as the adapter runs SGLang: its crash diagnostics (py-spy dumps, a 60 s wait for core dumps) off

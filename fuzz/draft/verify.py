@@ -71,7 +71,8 @@ KILL_GRACE_S = 20.0
 ENV_TIMEOUT_S = 240.0
 SECTION = "### Verification"
 # The engine a repro ran, from the first word of its "engine: " line.
-ENGINE_WORDS = {"vLLM": "vllm", "SGLang": "sglang", "transformers": "hf-transformers", "specfuzz": "reference"}
+ENGINE_WORDS = {"vLLM": "vllm", "SGLang": "sglang", "transformers": "hf-transformers", "specfuzz": "reference",
+                "llama-server": "llamacpp"}
 OUTCOMES = ("PASS", "FAIL", "crash", "timeout")
 
 
