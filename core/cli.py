@@ -83,7 +83,7 @@ def _check_methods(caps, methods: tuple[str, ...] | None, max_vocab: int) -> Non
 
 @main.command("fuzz")
 @click.option("--budget", default="60s", show_default=True, type=DURATION, help="Time budget: 90s, 10m, 2h, 1h30m.")
-@click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, or package.module:Class.")
+@click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, mlx, or package.module:Class.")
 @click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7).")
 @click.option("--method", "methods", multiple=True, type=method_choice(),
               help="Speculation methods to fuzz (repeatable); 'none' = speculation off (a calibration campaign). Default: all the engine supports.")
@@ -467,7 +467,7 @@ def _engine_kwargs(engine: str, inject: str | None) -> dict:
 
 @main.command("check")
 @click.argument("case_file", type=click.Path(path_type=Path))
-@click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, or package.module:Class.")
+@click.option("--engine", default="reference", show_default=True, type=ENGINE, help="reference, vllm, hf, sglang, mlx, or package.module:Class.")
 @click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7).")
 @click.option("--samples", default=4000, show_default=True, type=COUNT, help="Samples per run (fewer if the verdict fails earlier).")
 @click.option("--alpha", default=1e-3, show_default=True, type=ALPHA)
@@ -685,7 +685,7 @@ def SamplingParams_default() -> dict:
     return SamplingParams().to_json()
 
 
-ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm", "sglang": "sglang"}
+ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm", "sglang": "sglang", "mlx-lm": "mlx"}
 
 
 def engine_for_entry(entry) -> tuple[str, dict]:

@@ -807,7 +807,9 @@ class SGLangProfile(Profile):
         return sglang_greedy_probs(logits, exact) if p.greedy else sglang_random_probs(logits, p, exact)
 
 
-PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile, "sglang": SGLangProfile}
+from .semantics_mlx import MLXProfile  # noqa: E402 - a module of its own, built on the helpers above
+
+PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile, "sglang": SGLangProfile, "mlx": MLXProfile}
 
 
 def get_profile(profile: "str | Profile") -> Profile:
