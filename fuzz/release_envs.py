@@ -86,9 +86,11 @@ ENGINE_PACKAGES: dict[str, EnginePackage] = {
     "vllm": EnginePackage("vllm", excludes=("torchvision", "torchaudio", "torchcodec"), device="cuda"),
     "transformers": EnginePackage("hf", requires=("{cpu_torch}", "safetensors", "tokenizers")),
     "sglang": EnginePackage("sglang", device="cuda"),
+    # mlx-lm pins mlx only on macOS; on Linux the adapter needs MLX's CPU build (mlx[cpu]).
+    "mlx-lm": EnginePackage("mlx", requires=("mlx[cpu]", "safetensors")),
 }
 # Stored engine names (Entry.engine["name"]) -> the package their releases come from.
-ENTRY_ENGINE_PACKAGES = {"hf-transformers": "transformers", "hf": "transformers", "sglang": "sglang"}
+ENTRY_ENGINE_PACKAGES = {"hf-transformers": "transformers", "hf": "transformers", "sglang": "sglang", "mlx-lm": "mlx-lm"}
 
 
 def package_for_entry(engine: Mapping) -> str | None:

@@ -51,6 +51,9 @@ allowed tokens (``suppress_tokens``) → greedy argmax, or temperature → top-k
 min-p → softmax. No frequency/presence penalties, constraints or thinking budgets. See
 :class:`HFProfile` for the details and the differences from vLLM.
 
+The ``"mlx"`` profile (:class:`~specfuzz.oracle.semantics_mlx.MLXProfile`, mlx-lm) lives in its
+own module, :mod:`specfuzz.oracle.semantics_mlx`.
+
 Masked means ``-inf``. Stopping (not part of the profile): after token ``v`` the output
 is complete if ``v`` is EOS (and not ``ignore_eos``) or in ``stop_token_ids``, or it has
 ``max_tokens`` tokens.
