@@ -351,6 +351,16 @@ def read_config(path: Path | str, name: str) -> dict:
         raise InvalidInput(name, str(path), f"a checkpoint folder with a readable config.json ({exc})") from None
 
 
+def refuse_unsupported(params: SamplingParams, unsupported: Mapping[str, object], engine: str, vocab_size: int) -> None:
+    """Raise InvalidInput for the first field of ``unsupported`` (name -> its off value) that
+    ``params`` sets, naming ``engine``, or for a token id outside ``[0, vocab_size)``."""
+    for name, off in unsupported.items():
+        value = getattr(params, name)
+        if value != off:
+            raise InvalidInput(name, value, f"{off!r} (off): {engine} has no {name}")
+    params.check_vocab(vocab_size)
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's first message line (at most 500 characters), or its type's name."""
     lines = str(exc).strip().splitlines()

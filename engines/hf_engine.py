@@ -58,7 +58,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request
+from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, refuse_unsupported
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.semantics import HF_UNSUPPORTED
@@ -133,11 +133,7 @@ def eos_ids(params: SamplingParams, eos_token_id: int | None) -> list[int]:
 
 def check_params(params: SamplingParams, vocab_size: int) -> None:
     """Raise InvalidInput for a parameter HF transformers cannot express."""
-    for name, off in HF_UNSUPPORTED.items():
-        value = getattr(params, name)
-        if value != off:
-            raise InvalidInput(name, value, f"{off!r} (off): HF transformers has no {name}")
-    params.check_vocab(vocab_size)
+    refuse_unsupported(params, HF_UNSUPPORTED, "HF transformers", vocab_size)
 
 
 def generation_kwargs(params: SamplingParams, eos_token_id: int | None, vocab_size: int) -> dict[str, Any]:

@@ -52,7 +52,7 @@ import numpy as np
 
 from specfuzz.engines.base import (
     Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, read_config,
-    swap_parts,
+    refuse_unsupported, swap_parts,
 )
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
@@ -99,11 +99,7 @@ def default_num_draft_tokens() -> int:
 
 def check_params(params: SamplingParams, vocab_size: int) -> None:
     """Raise InvalidInput for a parameter mlx-lm has no option for."""
-    for name, off in MLX_UNSUPPORTED.items():
-        value = getattr(params, name)
-        if value != off:
-            raise InvalidInput(name, value, f"{off!r} (off): mlx-lm's make_sampler / make_logits_processors have no {name}")
-    params.check_vocab(vocab_size)
+    refuse_unsupported(params, MLX_UNSUPPORTED, "mlx-lm (make_sampler / make_logits_processors)", vocab_size)
 
 
 def sampling_args(params: SamplingParams, vocab_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
