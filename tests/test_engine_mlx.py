@@ -3,7 +3,7 @@
 The "mlx" profile's steps are checked against mlx-lm's own sampler and processor functions
 on the same rows; with speculation off the engine must agree with μ under that profile;
 speculation on, plain sampling must stay lossless, while the penalties' history is a stored
-finding (the prompt is left out of it, a strict xfail here). Tables swap into the running
+finding (the prompt but its last token is left out of it: the law sampled is exactly that). Tables swap into the running
 models and are checked row by row; a checkpoint that is not a table model, a request whose
 mlx process dies or raises, and a broken acceptance rule are a crash, a crash and a failed
 verdict, never a wrong pass.
@@ -189,20 +189,30 @@ def test_speculation_on_is_lossless_for_sampling_and_stopping(root, params, k):
     token is always the target's sample, so the law is μ whatever the draft (here unrelated)."""
     case = Case(T, (0, 1), params, eos_token_id=EOS, spec=SpecConfig("draft_model", k), draft_table=U)
     with IsolatedEngine("mlx", log_dir=root / "logs") as eng:
-        run = run_case(eng, case, ckpt_root=root, alpha=ALPHA, max_samples=600, batch=600, profile="mlx")
+        run = run_case(eng, case, ckpt_root=root, alpha=ALPHA, max_samples=500, batch=500, profile="mlx")
     assert run.crash is None and run.judgement.verdict.status == "pass", run.judgement.verdict.evidence
     assert 0 < run.accepted <= run.proposed  # drafts are proposed and some kept
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"finding {FINDING_PENALTY_HISTORY}: speculative_generate_step's prefill does not add "
-                   "the prompt to the logits processors' history (generate_step does, since mlx-lm PR #1777)")
-def test_speculation_penalties_see_the_whole_prompt(root):
-    case = Case(np.zeros((2, 2)), (0, 0, 0), SP(frequency_penalty=0.5, max_tokens=1),
-                spec=SpecConfig("draft_model", 2), draft_table=np.zeros((2, 2)))
+def test_speculation_samples_the_law_of_the_prompt_cut_to_its_last_token(root):
+    """The stored finding (FINDING_PENALTY_HISTORY) and its mechanism, exactly: with a draft model
+    mlx-lm samples not μ but μ of the same request whose prompt is only its last token (the
+    history speculative_generate_step's processors get: its prefill does not add the prompt,
+    generate_step's does since mlx-lm PR #1777), over several output tokens and all three
+    penalties with a prompt longer than their window."""
+    from specfuzz.oracle.judge import CaseTest, target_law_dict
+
+    params = SP(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=-0.5, max_tokens=3)
+    case = Case(T, LONG, params, eos_token_id=EOS, spec=SpecConfig("draft_model", 2), draft_table=U)
+    cut = case.with_(prompt=LONG[-1:])
+    test = CaseTest(case, alpha=ALPHA, profile="mlx", with_bug_laws=False, law=cut.target_law("mlx"),
+                    mu=target_law_dict(cut, profile="mlx"))
     with IsolatedEngine("mlx", log_dir=root / "logs") as eng:
-        run = run_case(eng, case, ckpt_root=root, alpha=ALPHA, max_samples=1500, batch=500, profile="mlx")
+        run = run_case(eng, case, ckpt_root=root, alpha=ALPHA, case_test=test, max_samples=500, batch=500, profile="mlx")
+        whole = run_case(eng, case, ckpt_root=root, alpha=ALPHA, max_samples=300, batch=300, profile="mlx")
     assert run.judgement.verdict.status == "pass", run.judgement.verdict.evidence
+    assert whole.judgement.verdict.status == "fail"  # and it is not μ of the whole prompt
 
 
 @pytest.mark.slow
