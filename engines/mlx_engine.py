@@ -146,6 +146,16 @@ def proposed_drafts(from_draft: Sequence[bool], max_tokens: int, k: int) -> int:
     return proposed
 
 
+def checkpoint_table(d: Path) -> np.ndarray:
+    """The [V, V] float32 table a checkpoint's lm_head holds (``table[prev, next]``), read with
+    mlx (tablegen.load_table reads it with torch, which an mlx-lm environment need not have)."""
+    import mlx.core as mx
+
+    lm_head = np.array(mx.load(str(Path(d) / WEIGHTS_FILE))["lm_head.weight"].astype(mx.float32))  # [V, H]
+    v = lm_head.shape[0]
+    return np.ascontiguousarray(lm_head[:, :v].T)  # [V, V]
+
+
 class TableMismatch(RuntimeError):
     """A table checkpoint whose logits the loaded model does not reproduce (checked at start)."""
 
@@ -334,8 +344,6 @@ class MLXEngine(Engine):
     def check_tables(self) -> TableCheck:
         """Every row of the target table (and of the draft's) from the running models' own
         logits, bit for bit: one forward pass over every token, twice (two positions each)."""
-        from specfuzz.tablegen import load_table
-
         if self._config is None:
             raise RuntimeError("check_tables() before start()")
         worst, bad, rows = 0.0, [], 0
@@ -343,7 +351,7 @@ class MLXEngine(Engine):
         if self._draft is not None:
             parts.append(("draft", self._draft, self._config.draft_dir))
         for name, model, d in parts:
-            want = load_table(d).astype(np.float32)  # [V, V] what the checkpoint holds
+            want = checkpoint_table(d)  # [V, V] what the checkpoint holds
             got, ids = self.model_logits(model, want.shape[0])  # [2V, V], [2V]
             diff = np.abs(got.astype(np.float64) - want[ids].astype(np.float64))  # [2V, V]
             worst = max(worst, float(diff.max()))
@@ -370,11 +378,10 @@ class MLXEngine(Engine):
         import mlx.core as mx
 
         from specfuzz.engines.vllm_engine import LogitsReport
-        from specfuzz.tablegen import load_table
 
         if self._config is None:
             raise RuntimeError("logits_match_table() before start()")
-        want = load_table(self._config.target_dir).astype(np.float32)  # [V, V]
+        want = checkpoint_table(self._config.target_dir)  # [V, V]
         V = want.shape[0]
         prompt = [int(t) for t in prompt_tokens]
         if not prompt or any(not 0 <= t < V for t in prompt):
