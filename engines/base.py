@@ -100,16 +100,15 @@ class Capabilities:
     seeded_call_prompt_tokens: int | None = None
     # Pairs of SamplingParams fields the engine does not take together in one request (SGLang:
     # ignore_eos also switches stop_token_ids off, so the adapter refuses the two together):
-    # strategies draw at most one of each pair per request. On the H200 (2026-12-04) SGLang
-    # refused 94 drawn requests for that pair in one campaign, each a Hypothesis example lost.
+    # strategies draw at most one of each pair per request (a refused request costs a
+    # Hypothesis example).
     sampling_exclusive: tuple[frozenset[str], ...] = ()
     # The engine's implementation each speculation method runs through (method -> a name; a
     # method not named is its own): methods that share one verify and emit the same way, so a
     # stored finding of one is checked against candidates of the others (Campaign._known_finding,
     # with the same symptom required). SGLang 0.5.17 runs STANDALONE, EAGLE and EAGLE3 through
-    # one worker (StandaloneWorkerV2 subclasses EAGLEWorkerV2): on an H100, 2026-12-06, its
-    # "continues past the EOS" bug, stored under STANDALONE, was stored again under EAGLE and
-    # EAGLE3, each after a fresh confirmation and a shrink.
+    # one worker (StandaloneWorkerV2 subclasses EAGLEWorkerV2), so a bug stored under one of
+    # them is recognised under the others instead of being confirmed, shrunk and stored again.
     spec_paths: Mapping[str, str] = field(default_factory=dict)
     # The code that applies the request's sampling parameters to the target's probabilities when
     # drafts are verified, per method (method -> a name; a method not named has its own), and the
@@ -117,9 +116,8 @@ class Capabilities:
     # features are all among them, one at least, is checked against candidates of every method
     # verified by the same code, whatever implementation drafts and emits for it (the symptom
     # still has to match). SGLang 0.5.17 verifies every method's drafts with one function
-    # (eagle_sample, called by EAGLEWorkerV2 and NGRAMWorker), which applies no min_p: on an
-    # H100, 2026-12-06, NGRAM's min_p failure was stored again beside STANDALONE's, EAGLE's and
-    # EAGLE-3's (finding-4074).
+    # (eagle_sample, called by EAGLEWorkerV2 and NGRAMWorker), which applies no min_p: its
+    # min_p failure is one bug under every method (finding-4074).
     verify_samplers: Mapping[str, str] = field(default_factory=dict)
     verify_sampler_features: frozenset[str] = frozenset()
 

@@ -4,7 +4,7 @@ Run by another environment's interpreter as ``python -I external_child.py FD``: 
 ``specfuzz`` importable from the folders in ``SPECFUZZ_PACKAGE_PATHS`` (the caller's own
 source, so nothing is installed into the release environment), reads the engine spec,
 its keyword arguments and the log path from the inherited connection ``FD``, then serves
-the isolation layer's request loop (:func:`specfuzz.engines.isolation._child_main`).
+the isolation layer's request loop (:func:`specfuzz.engines.isolation_child._child_main`).
 Uses only the standard library until ``specfuzz`` is importable.
 """
 
@@ -38,7 +38,7 @@ if "specfuzz" not in sys.modules and os.environ.get("SPECFUZZ_PACKAGE_PATHS"):
 def main() -> None:
     conn = Connection(int(sys.argv[1]))
     engine_spec, kwargs, log_path = pickle.loads(conn.recv_bytes())
-    from specfuzz.engines.isolation import _child_main
+    from specfuzz.engines.isolation_child import _child_main
 
     _child_main(conn, engine_spec, kwargs, log_path)
 

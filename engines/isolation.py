@@ -30,9 +30,7 @@ import os
 import re
 import signal
 import tempfile
-import threading
 import time
-import traceback
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -41,7 +39,12 @@ from specfuzz.engines.base import (
     Capabilities, Completion, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, swap_key, swap_parts,
     table_parts,
 )
+from specfuzz.engines.isolation_child import PROFILE_ENV, _child_main
 from specfuzz.errors import InvalidInput, SpecfuzzError
+
+# Re-exported: the child's entry point and its profiling switch (bench/bench_reuse.py).
+__all__ = ["BUILTIN_ENGINES", "EngineCrash", "IsolatedEngine", "PROFILE_ENV", "_child_main", "load_engine_class",
+           "resolve_engine"]
 
 BUILTIN_ENGINES = {
     "reference": "specfuzz.engines.reference_engine:ReferenceEngine",
@@ -61,9 +64,8 @@ FILLED_WAITS = frozenset({"ping", "start", "warm_up"})
 # KV-cache sizing charges memory that other processes allocate while it loads to its own
 # --mem-fraction-static, so with several engines of a campaign on one GPU (--workers,
 # prestarted and confirmation engines) a start can fail while another engine allocates its
-# cache (H100, 2026-12-05: "Loaded weights leave no GPU memory for the KV cache under
-# --mem-fraction-static=0.0533", stored as a crash of the shrunk case). The start is tried
-# again after a wait; refused every time, it is an EngineCrash of kind "resource": a failure
+# cache. The start is tried again after a wait; refused every time, it is an EngineCrash of
+# kind "resource": a failure
 # of the machine's share, which campaigns never store as a finding.
 MEMORY_REFUSAL = re.compile(
     r"Loaded weights leave no GPU memory for the KV cache|Not enough memory\. Please try to increase --mem-fraction-static"
@@ -71,35 +73,6 @@ MEMORY_REFUSAL = re.compile(
     r"|Free memory on device .* is less than desired GPU memory utilization")
 START_RETRIES = 2
 START_RETRY_WAIT_S = 15.0  # times the attempt number
-# How often the child checks that its parent is still alive (seconds).
-PARENT_POLL_S = 1.0
-# SPECFUZZ_PROFILE_DIR=<folder>: every engine child profiles itself (cProfile: what the
-# adapter and an in-process engine do per command) into <folder>/engine-<pid>.prof, written
-# at most every PROFILE_DUMP_S seconds and when it closes (bench/bench_reuse.py --profile).
-PROFILE_ENV = "SPECFUZZ_PROFILE_DIR"
-PROFILE_DUMP_S = 20.0
-
-
-class _ChildProfile:  # pragma: no cover - runs in the child
-    def __init__(self) -> None:
-        folder = os.environ.get(PROFILE_ENV)
-        self.prof = None
-        if folder:
-            import cProfile
-
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            self.path = os.path.join(folder, f"engine-{os.getpid()}.prof")
-            self.prof = cProfile.Profile()
-            self.prof.enable()
-            self.dumped = time.monotonic()
-
-    def dump(self, force: bool = False) -> None:
-        if self.prof is None or (not force and time.monotonic() - self.dumped < PROFILE_DUMP_S):
-            return
-        self.prof.dump_stats(self.path)  # (disables the profiler)
-        self.dumped = time.monotonic()
-        if not force:
-            self.prof.enable()
 
 
 class EngineCrash(SpecfuzzError):
@@ -136,70 +109,6 @@ def load_engine_class(spec: str) -> type:
     return cls
 
 
-def _kill_group_when_orphaned(parent_pid: int) -> None:  # pragma: no cover - runs in the child
-    """Kill this process group (the child and every process it started) once the parent is gone."""
-    while True:
-        time.sleep(PARENT_POLL_S)
-        if os.getppid() != parent_pid:
-            os.killpg(0, signal.SIGKILL)
-
-
-def _child_main(conn, engine_spec: str, kwargs: Mapping[str, Any], log_path: str, preload: bool = False) -> None:  # pragma: no cover - runs in the child
-    os.setsid()
-    threading.Thread(target=_kill_group_when_orphaned, args=(os.getppid(),), daemon=True, name="specfuzz-orphan-watch").start()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    try:
-        engine = load_engine_class(engine_spec)(**kwargs)
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        conn.send(_error_reply(exc))
-        return
-    if preload:
-        # A spare process (IsolatedEngine(spare=True)): import what the engine's start needs
-        # now, while no one waits for it. A failure here only means a slower start later.
-        fn = getattr(engine, "preload", None)
-        if callable(fn):
-            try:
-                fn()
-            except Exception:  # noqa: BLE001
-                traceback.print_exc()
-    profile = _ChildProfile()
-    while True:
-        profile.dump()
-        try:
-            cmd, args = conn.recv()
-        except EOFError:
-            close = getattr(engine, "close", None)
-            if close:
-                close()
-            profile.dump(force=True)
-            return
-        try:
-            if cmd == "ping":  # IsolatedEngine._await_ready: the process is up (imports, preload done)
-                conn.send(("ok", None))
-                continue
-            if cmd == "close":
-                close = getattr(engine, "close", None)
-                if close:
-                    close()
-                profile.dump(force=True)
-                conn.send(("ok", None))
-                return
-            method = getattr(engine, cmd, None)
-            if not callable(method):
-                conn.send(("missing", cmd))
-                continue
-            result = method(*args)
-            if cmd in ("version",):
-                result = dict(result)
-            if cmd == "generate":
-                result = list(result)
-            conn.send(("ok", result))
-        except BaseException as exc:  # noqa: BLE001
-            conn.send(_error_reply(exc))
-
-
 # Live children of this process's IsolatedEngines, killed at exit (see the module docstring).
 _LIVE: "weakref.WeakSet[IsolatedEngine]" = weakref.WeakSet()
 # Adapters' launch_args per (engine, its settings, config): IsolatedEngine.launch_args.
@@ -232,14 +141,6 @@ def _end_process(proc, conn) -> None:
             conn.close()
         except OSError:
             pass
-
-
-def _error_reply(exc: BaseException) -> tuple:
-    if isinstance(exc, InvalidInput):
-        return ("invalid", exc.name, repr(exc.value), exc.allowed)
-    if isinstance(exc, SwapUnsupported):
-        return ("unsupported", str(exc))
-    return ("error", type(exc).__name__, str(exc), traceback.format_exc())
 
 
 class IsolatedEngine:
@@ -523,7 +424,7 @@ class IsolatedEngine:
         # A fresh start needs a process no engine has run in: one that has only answered
         # queries (its adapter's launch_args for the launch record, capabilities) is one,
         # and usually the preloaded spare; ending it would start in the spare spawned a
-        # moment ago, still importing (vLLM on the H200: 22-30 s instead of 5 s).
+        # moment ago, still importing, which makes the start several times longer.
         if (fresh and self._proc is not None and self._config is not None
                 and not getattr(self.capabilities(), "restart_in_process", True)):
             self.close(keep_spare=True, discard=True)
@@ -557,9 +458,8 @@ class IsolatedEngine:
     def _warm_up(self, config: EngineConfig) -> None:
         """After an ordinary (not fresh) start, the engine's ``warm_up`` if it has one (the
         sampler paths SGLang compiles on first use), so that compiling counts as starting, not
-        as a family's sampling: on a cold H100 (2026-12-06) each worker's first families sampled
-        1000 samples in 82-88 s where later ones took ~2 s, ~630 s of the run's "sample" time.
-        A prestarted engine runs it in the background (:meth:`prestart`); a fresh start (a
+        as a family's sampling (on a cold GPU, compiling takes over a minute where sampling a
+        family takes seconds). A prestarted engine runs it in the background (:meth:`prestart`); a fresh start (a
         confirmation's) runs none. A warm-up that fails is not a finding (a case that meets the
         fault meets it in its own run): logged, and the engine started again without one."""
         crashes = self.crashes
@@ -649,8 +549,8 @@ class IsolatedEngine:
     def launch_args(self, config: EngineConfig) -> Any:
         """The adapter's ``launch_args`` for ``config`` (what its start would apply: environment
         and keyword arguments), computed in an engine process and kept per engine, settings and
-        config: asking again would take the spare process (or wait for a new one's imports, ~30 s
-        on the H200 after a prestart took the spare) only to answer a query. AttributeError:
+        config: asking again would take the spare process (or wait for a new one's imports, tens
+        of seconds for a GPU engine) only to answer a query. AttributeError:
         the adapter has none."""
         key = (self.engine_spec, repr(sorted(self.kwargs.items())), repr(config))
         got = _LAUNCH_ARGS.get(key, _LAUNCH_ARGS)
@@ -710,8 +610,8 @@ class IsolatedEngine:
             # (a warm-up runs sampling settings that the campaign's own cases draw too).
             self.crashes = crashes
             self._kill()
-            # The engine's log tail goes with it (in the H200 SGLang campaign a prestarted engine
-            # whose warm-up met a known crash killed itself: the log held the traceback).
+            # The engine's log tail goes with it (an engine that kills itself leaves its
+            # traceback there).
             self.events.append({"event": "prestarted engine failed", "detail": f"{step}: {str(exc)[:500]}", "to": str(hot["config"].target_dir),
                                 "log_tail": str(getattr(exc, "log_tail", "") or "")[-2000:]})
             return False

@@ -377,7 +377,7 @@ class MLXEngine(Engine):
         table, bit for bit (``specfuzz calibrate``'s "logits" row)."""
         import mlx.core as mx
 
-        from specfuzz.engines.vllm_engine import LogitsReport
+        from specfuzz.engines.vllm_calibration import LogitsReport
 
         if self._config is None:
             raise RuntimeError("logits_match_table() before start()")

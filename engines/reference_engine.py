@@ -2,7 +2,7 @@
 
 It reads the same checkpoints a real engine gets (the table is read back from
 ``lm_head``), samples with :class:`~specfuzz.oracle.speculative.MonteCarloDriver` under
-the oracle's "vllm" semantics, and can inject any catalogued bug (``inject="N3"``).
+the oracle's "vllm" semantics, and can inject any catalogued bug (``inject="N3"``) or mutant (``inject="M05"``, :mod:`specfuzz.oracle.mutants`).
 With no injection it is correct by construction and by test, so every campaign against
 it must come back empty; with one it is the positive control.
 """
@@ -23,20 +23,26 @@ from specfuzz.engines.base import (
 )
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.law import TargetLaw
+from specfuzz.oracle.events import event_law
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import (
-    BUG_CLASSES, METHODS, DraftModel, ExactDriver, MonteCarloDriver, SpecConfig, SpeculativeProcess,
+    BUG_CLASSES, METHODS, DraftModel, MonteCarloDriver, SpecConfig, SpeculativeProcess,
 )
 
 ALL_SAMPLING = frozenset(SamplingParams.__dataclass_fields__)
 # "simulate": run the sampler round by round with random numbers (MonteCarloDriver).
 # "exact": compute the exact law of that same process once per request pattern
-# (ExactDriver) and draw outputs from it: the same distribution, hundreds of times
+# (oracle/events.event_law) and draw outputs from it: the same distribution, hundreds of times
 # faster; tests check that simulation and exact law agree. Falls back to simulation
 # when the process is too large to enumerate.
 SAMPLING_MODES = ("exact", "simulate")
 # Replays per round / states per step beyond which "exact" falls back to simulation.
 EXACT_MODE_MAX_STATES = 20_000
+# Round replays in all beyond which "exact" falls back to simulation (~0.2 s of replays):
+# enumerating a large injected process (V=5, K=3 sampled drafts: ~500,000 replays, 7 s) costs
+# more than simulating its samples (~50 µs each). Lossless chains with token verification take
+# the analytic walk of oracle/events.py instead (0.3 s there).
+EXACT_MODE_MAX_REPLAYS = 10_000
 
 
 def _eos_of(ckpt: Path) -> int | None:
@@ -51,8 +57,11 @@ class ReferenceEngine(Engine):
     name = "reference"
 
     def __init__(self, inject: str | None = None, mode: str = "exact") -> None:
-        if inject is not None and inject not in BUG_CLASSES:
-            raise InvalidInput("inject", inject, f"None or one of {sorted(BUG_CLASSES)}")
+        from specfuzz.oracle.mutants import CONTROLS, MUTANTS
+
+        if inject is not None and inject not in {**BUG_CLASSES, **MUTANTS, **CONTROLS}:
+            raise InvalidInput("inject", inject,
+                               f"None or one of {sorted(BUG_CLASSES)}, a mutant {sorted(MUTANTS)} or a control {sorted(CONTROLS)}")
         if mode not in SAMPLING_MODES:
             raise InvalidInput("mode", mode, f"one of {SAMPLING_MODES}")
         self.inject = inject
@@ -163,7 +172,7 @@ class ReferenceEngine(Engine):
         key = (id(law), json.dumps(proc.spec.to_json(), sort_keys=True))
         if key not in self._process_laws:
             try:
-                d = ExactDriver(proc, max_states=EXACT_MODE_MAX_STATES).law()
+                d = event_law(proc, EXACT_MODE_MAX_STATES, max_replays=EXACT_MODE_MAX_REPLAYS).law
                 outputs = list(d)
                 self._process_laws[key] = (outputs, np.cumsum([d[o] for o in outputs]))  # [M]
             except RuntimeError:

@@ -134,7 +134,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from specfuzz.engines.base import Completion, Request
-from specfuzz.engines.vllm_engine import LogitsReport
+from specfuzz.engines.vllm_calibration import LogitsReport
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import ENGINE_METHODS, SpecConfig

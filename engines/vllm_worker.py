@@ -8,8 +8,8 @@ RL frameworks use to push new weights into a running engine), and
 
 A parameter the drafter shares with the target (vLLM shares the target's ``lm_head`` with an
 EAGLE head whose own lm_head was identical at start) is copied before a new head is loaded
-into it: otherwise the load would write the target's table too (seen on the H200, vLLM 0.25,
-EAGLE-3: the table check after such a swap found the head's table in the target's rows).
+into it: otherwise the load would write the target's table too (vLLM 0.25, EAGLE-3: the
+table check after such a swap finds the head's table in the target's rows).
 
 A swap loads only the tensors that differ between the running checkpoint and the new one
 (for table checkpoints: the ``lm_head`` that holds the table, and an EAGLE-3 head's

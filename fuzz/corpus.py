@@ -135,8 +135,8 @@ def signature(kind: str, engine_name: str, case_json: Mapping, label: str | None
     for unattributed findings also the sampling features in play and the draft's width
     relation to the target (different unknown bugs rarely share all of these); for
     crashes the kind of crash and, where the engine process died and its log names the
-    exception (``extra.crash_cause``, recorded since 2026-12-05; older entries keep their
-    signatures), that exception.
+    exception (``extra.crash_cause``; an entry stored without it keeps its signature),
+    that exception.
     """
     spec = case_json.get("spec") or {}
     feats: list = [kind, engine_name, spec.get("method"), spec.get("verify"), label, crash_kind]

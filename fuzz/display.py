@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from rich.console import Console, Group
@@ -118,6 +119,13 @@ def print_summary(console: Console, cfg, stats, corpus: Corpus, totals: dict | N
             t.add_row(m, str(row["families"]), str(row["patterns"]), str(row["samples"]),
                       ", ".join(f"{k} {n}" for k, n in sorted(var.items())))
         console.print(t)
+    cov = (totals or {}).get("coverage")
+    if cov and cov.get("methods"):
+        from specfuzz.fuzz.coverage import Coverage, coverage_table, multi_position_line
+
+        report = Coverage(json.loads(json.dumps(cov))).report()
+        console.print(coverage_table(report))
+        console.print(multi_position_line(report))
     eng = (totals or {}).get("engine")
     if eng and eng.get("families"):
         console.print(engine_time_table(cfg.engine, eng, totals.get("seconds", 0.0), int(totals.get("workers", 1))))

@@ -45,9 +45,9 @@ class Seen:
 def crash_identity(entry: Entry) -> str | None:
     """What makes two crash entries the same bug: the engine and the campaign's crash key
     (crash kind and message, numbers aside, and the exception the engine's log names where the
-    process died without naming one: :func:`specfuzz.fuzz.campaign.entry_crash_key`, the rule
+    process died without naming one: :func:`specfuzz.fuzz.families.entry_crash_key`, the rule
     the campaign shrinks crashes by); None for other kinds."""
-    from specfuzz.fuzz.campaign import entry_crash_key
+    from specfuzz.fuzz.families import entry_crash_key
 
     if entry.kind != "crash":
         return None

@@ -23,7 +23,6 @@ different actors differ, and the start shape follows the index as it does withou
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import socket
@@ -244,11 +243,7 @@ class ActorCampaign(Campaign):
         self.search_index = index
         self.stats.searches += 1
         self.shape = self._shape(index)
-        shape_key = hashlib.sha256(repr(self.shape).encode()).hexdigest()[:16]
-        eng = self.totals["engine"]
-        eng["searches"] += 1
-        eng["shapes"][self.shape.variant] = eng["shapes"].get(self.shape.variant, 0) + 1
-        self.on_event(f"search {index}: {self.shape.describe()}", self.stats)
+        shape_key = self._count_search()
         families = self.stats.cases
         found = None
         try:

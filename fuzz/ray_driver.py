@@ -39,11 +39,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 from specfuzz.errors import InvalidInput
-from specfuzz.fuzz.campaign import Campaign, CampaignConfig, CampaignStats
+from specfuzz.fuzz.campaign import CampaignConfig, CampaignStats
+from specfuzz.fuzz.campaign_state import load_state
 
 # A family during which an actor died runs again on another actor this many times; if an
 # actor dies on it then too, it is stored as a crash entry.
@@ -260,7 +260,7 @@ def _run(ray, cfg: CampaignConfig, opts: RayOptions, on_event) -> RayOutcome:
     n, g, c = plan_engines(cfg.engine, opts, ray.cluster_resources())
     # The campaign state as a campaign without Ray reads it: a state this specfuzz cannot
     # read is refused here, in one line, before anything starts.
-    Campaign._load_state(SimpleNamespace(state_path=Path(cfg.corpus_dir) / ".specfuzz" / "state.json", cfg=cfg))
+    load_state(Path(cfg.corpus_dir) / ".specfuzz" / "state.json", cfg.reset_state, [])
     settings = dict(cfg.engine_settings)
     settings.update(gpu_share(cfg.engine, g, settings))
     cfg = CampaignConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "engine_settings": settings})

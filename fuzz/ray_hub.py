@@ -61,7 +61,7 @@ def add_totals(dst: dict, src: dict) -> dict:
 
 def crash_signature_key(entry: Entry) -> str | None:
     """The shrink key of a stored shrunk crash (what Campaign.known_crashes holds)."""
-    from specfuzz.fuzz.campaign import entry_crash_key
+    from specfuzz.fuzz.families import entry_crash_key
 
     if entry.kind != "crash" or entry.extra.get("shrunk") is not True:
         return None
@@ -110,14 +110,11 @@ class CampaignHub:
 
     def _load_state(self) -> dict:
         """The campaign state as a campaign without Ray reads it (its schema checks and
-        migrations: ``Campaign._load_state``), or {} for none."""
-        from types import SimpleNamespace
-
-        from specfuzz.fuzz.campaign import Campaign
+        migrations: ``campaign_state.load_state``), or {} for none."""
+        from specfuzz.fuzz.campaign_state import load_state
 
         # The driver checked (or set aside, --reset-state) the state before this hub started.
-        reader = SimpleNamespace(state_path=self.state_path, cfg=SimpleNamespace(reset_state=False))
-        return dict(Campaign._load_state(reader) or {})  # type: ignore[arg-type]
+        return dict(load_state(self.state_path, False, []) or {})
 
     def _open_alpha(self, alpha: float, state: dict) -> None:
         """The campaign's α: the shared confirmation ledger where this specfuzz has one

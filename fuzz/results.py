@@ -78,6 +78,7 @@ class RunResults:
     engine: Mapping[str, Any] = field(default_factory=dict)  # name, version, device, ... (fuzz, replay)
     corpus: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
+    coverage: Mapping[str, Any] | None = None  # fuzz: speculation events exercised (fuzz/coverage.py)
     started: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat())
 
     def count(self, status: str) -> int:
@@ -99,6 +100,7 @@ class RunResults:
             "stats": dict(self.stats),
             "counts": {s: self.count(s) for s in STATUSES},
             "results": [c.to_json() for c in self.cases],
+            **({"coverage": dict(self.coverage)} if self.coverage is not None else {}),
         }
 
 
@@ -214,13 +216,14 @@ def _kind_type(kind: str) -> str:
 
 def fuzz_results(*, engine: str, engine_info: Mapping[str, Any], corpus: Path | str, stats, met: Sequence,
                  seconds: float, exit_code: int, engine_error: str | None = None, draft: bool = True,
-                 drafts_dir: Path | str | None = None) -> RunResults:
+                 drafts_dir: Path | str | None = None, coverage: Mapping | None = None) -> RunResults:
     """A campaign run's results: one case per met entry, plus ``campaign``.
 
     ``met``: :class:`specfuzz.fuzz.outcome.Met` items. New bugs fail with their drafted
     ISSUE.md (``draft=True``; the drafts are kept in ``drafts_dir`` when given) as the
     text; known entries met again, and known crashes stored under a new signature, are
-    skipped (known)."""
+    skipped (known). ``coverage``: the campaign state's coverage data (fuzz/coverage.py),
+    reported per method and event."""
     from specfuzz.fuzz.outcome import draft_text
 
     classname = f"specfuzz.fuzz.{engine}"
@@ -247,8 +250,13 @@ def fuzz_results(*, engine: str, engine_info: Mapping[str, Any], corpus: Path | 
         summary = (f"{stats.cases} families, {stats.patterns} request patterns, {stats.samples} samples, "
                    f"{stats.engine_starts} engine starts in {seconds:.0f} s: {new} new entries, {len(met) - new} known met again")
         cases.append(CaseResult("campaign", classname, "passed", seconds, message=summary))
+    report = None
+    if coverage and coverage.get("methods"):
+        from specfuzz.fuzz.coverage import Coverage
+
+        report = Coverage(json.loads(json.dumps(coverage))).report()
     return RunResults("fuzz", exit_code, summary, seconds, tuple(cases), engine=dict(engine_info) or {"name": engine},
-                      corpus=str(corpus), stats=stats_json(stats))
+                      corpus=str(corpus), stats=stats_json(stats), coverage=report)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import numpy as np
 
 from specfuzz.case import Case
 from specfuzz.errors import AmbiguousSemantics, InvalidInput, SpecfuzzError
-from specfuzz.fuzz.campaign import crash_key, entry_crash_key, family_key
+from specfuzz.fuzz.families import crash_key, entry_crash_key, family_key
 from specfuzz.oracle.params import SamplingParams
 
 # Sampling fields that hold target token ids (remapped when a token is dropped).
@@ -121,9 +121,8 @@ def _still_seen(before: frozenset[int] | None, now: frozenset[int] | None, same_
     """The tokens every failing run of the shrink emitted, after a kept reduction whose run
     emitted ``now``: ``now`` where ids moved (a vocabulary drop renumbers them) or nothing was
     known before, else what both emitted. Zeroed tables let a run emit every token, which
-    would otherwise end the joint drop of the ones the failure never needed: on SGLang (H100,
-    2026-12-06) an EAGLE-3 shrink kept "tables zeroed", then went V 6 -> 5 -> 4 -> 3, one
-    engine start each, 158 s in all."""
+    would otherwise end the joint drop of the ones the failure never needed (and leave one
+    engine start per dropped token)."""
     if now is None or before is None or not same_ids:
         return now
     return before & now
@@ -134,11 +133,11 @@ def _vocab_drops(case: Case, seen: frozenset[int] | None = None) -> list[Case | 
     droppable token it never emitted, at once (2 tokens kept at least: the largest ids go);
     then one token at a time, the never-emitted ones first, the last first.
     A smaller vocabulary needs an engine start (fuzz/run.py start_key), while candidates of
-    one size share one (a swap each): on SGLang on the H200 (2026-12-04 to -06) 37 of the 84
-    starts of 41 greedy shrinks were kept drops of one token each (V 6 -> 5 -> 4 -> 3), ~35 s
-    a start. A token the failure's samples never show is seldom what it needs. (Every
-    droppable token at once, whether emitted or not, cost more restarts than it saved in
-    bench/shrink_restarts.py: a failed try is a start, retried after each kept reduction.)"""
+    one size share one (a swap each), so dropping the never-emitted tokens together saves a
+    start per token; a token the failure's samples never show is seldom what it needs.
+    Every droppable token at once, whether emitted or not, would cost more restarts than it
+    saves (bench/shrink_restarts.py): a failed try is a start, retried after each kept
+    reduction."""
     V = case.vocab_size
     singles = {v: drop_token(case, v) for v in reversed(range(V))}
     droppable = [v for v, c in singles.items() if c is not None]
@@ -448,8 +447,8 @@ def entry_reproducer(entry, engine, *, work_dir: Path, samples: int, alpha: floa
     ``fresh_kept``: a finding's candidate that reproduced on a swapped engine is run again on a
     freshly started one before it counts. A campaign turns it off: it confirms the shrinker's
     smallest case on a fresh engine before storing it (falling back to what it had confirmed
-    before when that does not confirm), and on SGLang (the H200) each kept reduction's fresh
-    start cost ~20-25 s, most of the greedy shrinker's time."""
+    before when that does not confirm), and on a GPU engine a fresh start per kept reduction
+    would be most of the greedy shrinker's time."""
     from specfuzz.engines.isolation import EngineCrash
     from specfuzz.fuzz.run import entry_replay_calls, run_family
 

@@ -29,6 +29,7 @@ the support.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
@@ -227,6 +228,14 @@ class TargetLaw:
 
     def __repr__(self) -> str:
         return f"TargetLaw(V={self.vocab_size}, prompt={self.prompt}, eos={self.eos_token_id}, profile={self.profile.name!r}, params={self.params})"
+
+    def untruncated(self) -> "TargetLaw":
+        """This request's law without top-k, top-p and min-p (``self`` when none is set)."""
+        p = self.params
+        if p.top_k in (-1, 0) and p.top_p == 1.0 and p.min_p == 0.0:
+            return self
+        plain = dataclasses.replace(p, top_k=-1, top_p=1.0, min_p=0.0)
+        return TargetLaw(self.table, self.prompt, plain, eos_token_id=self.eos_token_id, profile=self.profile)
 
     # -- stopping ----------------------------------------------------------------------
 

@@ -51,9 +51,9 @@ from typing import Mapping
 
 import numpy as np
 
-from .semantics import (
-    NEAR_TIE_RTOL, NEG_INF, TOP_P_ATOL, History, Profile, RequestSpec, _check, add_bias, apply_min_p, apply_top_k,
-    greedy_probs, softmax,
+from .profile import History, Profile, RequestSpec
+from .steps import (
+    NEAR_TIE_RTOL, NEG_INF, TOP_P_ATOL, add_bias, apply_min_p, apply_top_k, check_rows, greedy_probs, softmax,
 )
 
 # The window of the penalties: ``repetition_context_size``, ``presence_context_size`` and
@@ -112,7 +112,7 @@ def mlx_top_p(x: np.ndarray, top_p: float) -> np.ndarray:
     ps = softmax(xs)  # [N, V]
     above = np.cumsum(ps[:, ::-1], axis=1)[:, ::-1] - ps  # [N, V] mass at the positions after each
     close = (np.abs(above - top_p) <= TOP_P_ATOL) & (xs > NEG_INF)  # [N, V]
-    _check(
+    check_rows(
         close.any(axis=1),
         lambda r: f"top_p={top_p!r}: the probability mass {float(above[r][close[r]][0])!r} above a token is within "
         f"{TOP_P_ATOL:g} of top_p",
@@ -122,7 +122,7 @@ def mlx_top_p(x: np.ndarray, top_p: float) -> np.ndarray:
     thr = xs[rows, dropped]  # [N] log-probability of the first kept position
     prev = np.where(dropped > 0, xs[rows, np.maximum(dropped - 1, 0)], NEG_INF)  # [N] the last dropped
     near = np.isfinite(prev) & (prev < thr) & (thr - prev <= NEAR_TIE_RTOL * np.maximum(1.0, np.abs(thr)))  # [N]
-    _check(
+    check_rows(
         near,
         lambda r: f"top_p={top_p!r}: the cut falls between log-probabilities {float(prev[r])!r} and {float(thr[r])!r}, "
         "within float32 rounding of each other",

@@ -37,46 +37,35 @@ Correct algorithms (SPEC §3):
 
 At verification position i every logits processor sees the committed output plus the
 i uncommitted draft tokens before it (condition 2): the target conditional is always
-evaluated on the full prefix. Bugs are injected by the switches in :data:`BUG_CLASSES`.
+evaluated on the full prefix. Bugs are injected by the switches in :data:`BUG_CLASSES`
+(the published catalogue N1-N7) and :data:`specfuzz.oracle.mutants.MUTANTS` (the time-to-bug bench's mutants, each
+acting in exactly one speculation event of :mod:`specfuzz.oracle.events`).
+
+Events. With ``record_events=True`` a round also lists the speculation events it went
+through (``RoundResult.events``: ``reject@2``, ``bonus@3``, ``lag:min_tokens``, ...; the
+catalogue is :data:`specfuzz.oracle.events.EVENTS`). Recording draws no randomness, so a
+recorded run samples exactly as an unrecorded one. The drivers live in
+:mod:`specfuzz.oracle.drivers` (re-exported here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Callable, Generator, Iterable, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Generator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from specfuzz.errors import AmbiguousSemantics, InvalidInput
+from specfuzz.oracle.spec_config import (  # noqa: F401  (re-exported)
+    BUG_CLASSES, CHAIN_DRAFT_METHODS, CHAIN_METHODS, DRAFT_SAMPLING, ENGINE_METHODS, METHODS, PLACEHOLDER_TOKEN_ID,
+    TREE_PAD_TOKEN_ID, VERIFY_MODES, DraftModel, SpecConfig,
+)
 
-# A draft slot that the proposer could not fill (vLLM's PLACEHOLDER_TOKEN_ID).
-PLACEHOLDER_TOKEN_ID = -1
-# The token id that SGLang's NGRAM tree pads unfilled branches with (N4).
-TREE_PAD_TOKEN_ID = 0
-
-# Methods the reference sampler runs.
-METHODS = ("draft_model", "ngram", "eagle_tree", "ngram_tree", "eagle", "eagle3")
-# Chain drafts from a table drafter. "eagle"/"eagle3" are EAGLE heads written by tablegen
-# (specfuzz.tablegen.eagle): their draft distribution after token x is exactly the draft
-# table's row x, as for "draft_model", so the reference runs them as the same chain.
-CHAIN_DRAFT_METHODS = ("draft_model", "eagle", "eagle3")
-# Chain methods (block verification applies to these).
-CHAIN_METHODS = CHAIN_DRAFT_METHODS + ("ngram",)
-# Every method an engine adapter may be asked for (the reference runs METHODS only).
-ENGINE_METHODS = METHODS + ("suffix", "mtp")
-VERIFY_MODES = ("token", "block")
-DRAFT_SAMPLING = ("sampled", "greedy")
-
-# Catalogued bug classes (SPEC §4): id -> (broken condition, mechanism as modelled here).
-BUG_CLASSES: dict[str, tuple[int, str]] = {
-    "N1": (4, "the acceptance uniform of each draft slot is drawn once per request and reused every round"),
-    "N2": (2, "min_tokens masks stop tokens by the committed length, ignoring the draft tokens before the position"),
-    "N3": (2, "the thinking budget counts committed tokens only, ignoring the draft tokens before the position"),
-    "N4": (3, "unfilled tree branches are padded with token 0 and verified as real (duplicate) children"),
-    "N5": (3, "target probabilities are cut to the draft vocabulary width and renormalised"),
-    "N6": (3, "placeholder (-1) draft slots are verified with the wrapped-around probability p[-1] and emitted"),
-    "N7": (3, "the narrow draft probabilities q [K, V_draft] are read with the target's row stride V_target"),
-}
+# A residual (p - q)+ of total mass below this is "small" (event residual_small).
+RESIDUAL_SMALL_MASS = 0.05
+# Coin slot of a uniform shared by the acceptance tests of one round (mutant M16); the
+# drivers forget it at the end of the round.
+ROUND_SLOT = -1
 
 
 class TargetLawLike(Protocol):
@@ -85,107 +74,6 @@ class TargetLawLike(Protocol):
     def conditional(self, out: tuple[int, ...], stale: Mapping[str, int] = ...) -> np.ndarray: ...
 
     def is_terminal(self, out: tuple[int, ...]) -> bool: ...
-
-
-# ----------------------------------------------------------------------------- configuration
-
-
-@dataclass(frozen=True)
-class DraftModel:
-    """A table drafter: ``table[ctx_token, draft_token]`` logits.
-
-    Rows are indexed by *target* token ids (the drafter reads the target's context, as an
-    EAGLE-3 head with a reduced vocabulary does), columns by draft ids; ``d2t`` maps draft
-    ids to target ids (identity by default). Narrower drafts have fewer columns than the
-    target vocabulary; wider drafts propose ids the target cannot produce.
-    """
-
-    table: np.ndarray  # [R, V_draft] float, R >= max(V_target, V_draft)
-    d2t: tuple[int, ...] | None = None  # [V_draft] target id of each draft id
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.table.shape[1])
-
-    def target_ids(self) -> np.ndarray:  # [V_draft]
-        if self.d2t is None:
-            return np.arange(self.vocab_size)
-        return np.asarray(self.d2t, dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """How the reference engine speculates. Defaults shrink toward the simplest case."""
-
-    method: str = "draft_model"
-    num_speculative_tokens: int = 1  # K: chain length, or tree depth for tree methods
-    verify: str = "token"  # chain drafts only: "token" or "block"
-    draft_sampling: str = "sampled"  # draft_model / eagle_tree: sample q, or propose argmax q
-    draft_temperature: float | None = None  # None: the request's temperature (1.0 if greedy)
-    ngram_min: int = 1
-    ngram_max: int = 3
-    tree_topk: int = 2  # children per node
-    tree_budget: int = 4  # draft nodes per tree (excluding the root)
-    inject: str | None = None  # one of BUG_CLASSES
-    # The engine's own default configuration of this method: the adapter sends only the
-    # knobs the engine requires (method, draft model, and K where the engine has no
-    # default), and the fields above hold what the engine documents it then uses
-    # (Capabilities.spec_defaults), as far as SpecConfig can say it.
-    engine_default: bool = False
-    # Trees whose breadth falls with depth (SGLang's NGRAM: from tree_topk children per
-    # node after a short match down to tree_topk_min after the deepest one); None: every
-    # node has up to tree_topk children. The reference sampler models only the latter:
-    # μ does not depend on it (the verdict stays exact), only bug-law attribution does.
-    tree_topk_min: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.method not in ENGINE_METHODS:
-            raise InvalidInput("method", self.method, f"one of {ENGINE_METHODS}")
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
-            raise InvalidInput("num_speculative_tokens", k, "an integer in [1, 16]")
-        if self.verify not in VERIFY_MODES:
-            raise InvalidInput("verify", self.verify, f"one of {VERIFY_MODES}")
-        if self.verify == "block" and self.method not in CHAIN_METHODS:
-            raise InvalidInput("verify", self.verify, "'token' for tree methods (block verification needs a chain draft)")
-        if self.draft_sampling not in DRAFT_SAMPLING:
-            raise InvalidInput("draft_sampling", self.draft_sampling, f"one of {DRAFT_SAMPLING}")
-        if self.draft_temperature is not None and not (self.draft_temperature > 0 and np.isfinite(self.draft_temperature)):
-            raise InvalidInput("draft_temperature", self.draft_temperature, "None or a finite number > 0")
-        if not 1 <= self.ngram_min <= self.ngram_max <= 16:
-            raise InvalidInput("ngram_min/ngram_max", (self.ngram_min, self.ngram_max), "1 <= ngram_min <= ngram_max <= 16")
-        if not 1 <= self.tree_topk <= 16:
-            raise InvalidInput("tree_topk", self.tree_topk, "an integer in [1, 16]")
-        if not 1 <= self.tree_budget <= 64:
-            raise InvalidInput("tree_budget", self.tree_budget, "an integer in [1, 64]")
-        m = self.tree_topk_min
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.tree_topk):
-            raise InvalidInput("tree_topk_min", m, f"None or an integer in [1, tree_topk={self.tree_topk}]")
-        if self.inject is not None and self.inject not in BUG_CLASSES:
-            raise InvalidInput("inject", self.inject, f"None or one of {sorted(BUG_CLASSES)}")
-
-    @property
-    def uses_draft_model(self) -> bool:
-        return self.method in ("draft_model", "eagle_tree", "eagle", "eagle3")
-
-    @property
-    def is_tree(self) -> bool:
-        return self.method in ("eagle_tree", "ngram_tree")
-
-    def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        if not self.engine_default:
-            del out["engine_default"]  # absent = False: cases stored before the field stay byte-equal
-        if self.tree_topk_min is None:
-            del out["tree_topk_min"]  # absent = None, likewise
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "SpecConfig":
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise InvalidInput("speculation setting", sorted(unknown)[0], f"one of {sorted(cls.__dataclass_fields__)}")
-        return cls(**d)
 
 
 # ----------------------------------------------------------------------------- random requests
@@ -211,6 +99,8 @@ class RoundResult:
     done: bool = False
     accepted: int = 0  # draft tokens accepted this round
     proposed: int = 0  # draft tokens proposed this round
+    events: list[str] = field(default_factory=list)  # with record_events: the events this round went through
+    coined: list[int] = field(default_factory=list)  # with record_events: slots of its probabilistic acceptance tests
 
 
 # ----------------------------------------------------------------------------- the round
@@ -239,6 +129,9 @@ class SpeculativeProcess:
         spec: SpecConfig,
         draft: DraftModel | None = None,
         temperature: float = 1.0,
+        *,
+        record_events: bool = False,
+        untruncated: TargetLawLike | None = None,
     ) -> None:
         self.target = target
         self.prompt = tuple(int(t) for t in prompt)
@@ -271,11 +164,31 @@ class SpeculativeProcess:
             self._draft_logits = tab.astype(np.float64) / dt  # [R, V_draft]
         else:
             self._W = self.V
-        if spec.inject in ("N5", "N7") and (draft is None or draft.vocab_size >= self.V):
-            # These bugs need a narrower draft vocabulary; with none they change nothing.
-            pass
         self._qcache: dict[tuple[int, ...], np.ndarray] = {}
         self._pcache: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+        # Target ids a narrower draft cannot propose [W] (N5, N7, events outside_draft/narrow_lag).
+        self._outside = np.zeros(self._W, dtype=bool)
+        if draft is not None:
+            self._outside[: self.V] = True
+            self._outside[self._d2t[self._d2t < self.V]] = False
+        self._narrow = bool(self._outside.any())
+        self.record_events = bool(record_events)
+        params = getattr(target, "params", None)
+        active = {} if params is None else {
+            "min_tokens": params.min_tokens > 0,
+            "thinking": params.thinking_budget is not None,
+            "penalties": params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0,
+            "bad_words": bool(params.bad_words),
+            "constraint": params.regex is not None or params.choice is not None,
+        }
+        known = getattr(getattr(target, "profile", None), "processors", ())
+        # Stateful processors of this request whose view could lag behind the drafts (events lag:<name>).
+        self._lag_processors = tuple(n for n, on in active.items() if on and n in known)
+        self._penalised = bool(active.get("penalties"))
+        # The law without top-k/top-p/min-p (event draft_truncated, mutant M12).
+        if untruncated is None and (record_events or spec.inject == "M12") and hasattr(target, "untruncated"):
+            untruncated = target.untruncated()
+        self._untruncated = untruncated
 
     # -- distributions -----------------------------------------------------------------
 
@@ -300,6 +213,8 @@ class SpeculativeProcess:
                 stale["min_tokens"] = lag
             elif self.spec.inject == "N3" and lag:
                 stale["thinking"] = lag
+            elif self.spec.inject == "M11" and lag:
+                stale["penalties"] = lag
             try:
                 p = np.asarray(self.target.conditional(out, stale) if stale else self.target.conditional(out), dtype=np.float64)
             except AmbiguousSemantics:
@@ -347,7 +262,8 @@ class SpeculativeProcess:
         n_ctx = len(ctx)
         for n in range(min(self.spec.ngram_max, n_ctx - 1), self.spec.ngram_min - 1, -1):
             suffix = ctx[n_ctx - n :]
-            for start in range(n_ctx - n - 1, -1, -1):
+            starts = range(n_ctx - n - 1, -1, -1) if self.spec.inject != "L2" else range(n_ctx - n)
+            for start in starts:
                 if ctx[start : start + n] == suffix:
                     return list(ctx[start + n : start + n + K])
         return []
@@ -412,13 +328,78 @@ class SpeculativeProcess:
                 children[path] = kids + [TREE_PAD_TOKEN_ID] * (spec.tree_topk - len(kids))
         return children
 
+    # -- events --------------------------------------------------------------------------
+
+    def _note(self, res: RoundResult, *names: str) -> None:
+        if self.record_events:
+            res.events.extend(names)
+
+    def _at_position(self, res: RoundResult, out: tuple[int, ...], lag: int, p: np.ndarray, verifying: bool) -> None:
+        """Events of a position whose target distribution ``p`` [W] the round uses, ``lag``
+        uncommitted drafts after the committed output (``verifying``: a draft is tested there)."""
+        if not self.record_events or any(t < 0 or t >= self.V for t in out):
+            return
+        if lag and self._lag_processors:
+            try:
+                base = self.target.conditional(out)  # [V]
+            except AmbiguousSemantics:
+                base = None  # only past the output's end (after an injected bug)
+            for name in self._lag_processors if base is not None else ():
+                try:
+                    lagging = self.target.conditional(out, {name: lag})  # [V]
+                except AmbiguousSemantics:
+                    lagging = None  # the lagging view masks every token: it differs too
+                if lagging is None or not np.array_equal(base, lagging):
+                    res.events.append(f"lag:{name}")
+        if lag and verifying and self._narrow:
+            res.events.append("narrow_lag")
+        if self._narrow and float(p[self._outside].sum()) > 0:
+            res.events.append("outside_draft")
+
+    def _truncated(self, out: tuple[int, ...], tok: int, p: np.ndarray) -> bool:
+        """Whether top-k/top-p/min-p removed ``tok`` at this position (p[tok] = 0 < untruncated)."""
+        if self._untruncated is None or p[tok] > 0 or tok >= self.V or any(t < 0 or t >= self.V for t in out):
+            return False
+        try:
+            return float(self._untruncated.conditional(out)[tok]) > 0
+        except AmbiguousSemantics:
+            return False
+
+    def _is_stop(self, tok: int) -> bool:
+        is_stop = getattr(self.target, "is_stop_token", None)
+        return 0 <= tok < self.V and is_stop is not None and bool(is_stop(tok))
+
+    def _residual_events(self, res: RoundResult, raw: np.ndarray) -> None:
+        """Events of a rejection's residual (the unnormalised (p - q)+ [W])."""
+        if not self.record_events:
+            return
+        mass = float(raw.sum())
+        if int(np.count_nonzero(raw)) == 1:
+            res.events.append("residual_single")
+        if 0 < mass < RESIDUAL_SMALL_MASS:
+            res.events.append("residual_small")
+
+    def _coin(self, res: RoundResult, slot: int, coined: frozenset[int]) -> int | None:
+        """Events of a probabilistic acceptance test at ``slot``; the slot its uniform comes from."""
+        if self.record_events:
+            if slot in coined:
+                res.events.append("coin_reused")
+            if res.coined:
+                res.events.append("coin_repeat")
+            res.coined.append(slot)
+        if self.spec.inject == "N1":
+            return slot
+        return ROUND_SLOT if self.spec.inject == "M16" else None
+
     # -- one round -----------------------------------------------------------------------
 
-    def round(self, committed: tuple[int, ...], res: RoundResult) -> RoundGen:
+    def round(self, committed: tuple[int, ...], res: RoundResult, coined: frozenset[int] = frozenset()) -> RoundGen:
+        """One round from the committed output. ``coined``: the slots tested with a coin in the
+        earlier rounds of this output (for the event ``coin_reused`` only)."""
         if self.spec.is_tree:
             yield from self._tree_round(committed, res)
         else:
-            yield from self._chain_round(committed, res)
+            yield from self._chain_round(committed, res, coined)
 
     def _emit(self, committed: tuple[int, ...], res: RoundResult, tok: int) -> bool:
         """Append a token; True when the output is complete."""
@@ -428,24 +409,47 @@ class SpeculativeProcess:
             res.done = True
         return res.done
 
-    def _chain_round(self, committed: tuple[int, ...], res: RoundResult) -> RoundGen:
+    def _resample(self, res: RoundResult, raw: np.ndarray, p: np.ndarray, rejected: int | None, from_p: bool) -> RoundGen:
+        """The token after a rejection: drawn from the residual ``raw`` [W] normalised (p [W] when
+        it has no mass, or ``from_p``: mutants M01, M03). ``rejected``: the rejected draft (in a
+        tree, the node's first child). Mutants M05, M06, M15 act here too."""
+        self._residual_events(res, raw)
+        inject = self.spec.inject
+        if inject == "M05" and rejected is not None and int(np.count_nonzero(raw)) == 1:
+            return rejected
+        dist = _normalise(raw)
+        if dist is None or from_p or (inject == "M06" and 0 < raw.sum() < RESIDUAL_SMALL_MASS):
+            dist = p
+        if inject == "M15" and self._narrow and float(dist[self._outside].sum()) > 0:
+            inside = np.where(self._outside, 0.0, dist)
+            dist = _normalise(inside) if inside.sum() > 0 else dist
+        return (yield Draw(dist))
+
+    def _final_draw(self, committed: tuple[int, ...], res: RoundResult, p: np.ndarray, greedy: bool) -> RoundGen:
+        """The round's last token from ``p`` [W]; ``greedy`` (mutants M04, M13): its argmax, no draw."""
+        tok = int(np.argmax(p)) if greedy else (yield Draw(p))
+        self._emit(committed, res, int(tok))
+
+    def _chain_round(self, committed: tuple[int, ...], res: RoundResult, coined: frozenset[int]) -> RoundGen:
         spec = self.spec
         K = spec.num_speculative_tokens
         W = self._W
+        untested_from = None  # M14: padded draft slots from here on are accepted untested
         # 1. draft
         drafts: list[int] = []
         qs: list[np.ndarray] = []  # each [W], the distribution the drafter sampled from
         if spec.method in CHAIN_DRAFT_METHODS:
             ctx = self.prompt + committed
+            greedy = spec.draft_sampling == "greedy" or spec.inject == "L1"
             for _ in range(K):
                 qd = self.q_at(ctx[-1], ())  # [V_draft]
-                if spec.draft_sampling == "greedy":
+                if greedy:
                     j = int(np.argmax(qd))
                 else:
                     j = yield Draw(qd)
                 tok = int(self._d2t[j])
                 drafts.append(tok)
-                if spec.draft_sampling == "greedy":
+                if greedy:
                     qrow = np.zeros(W)
                     qrow[tok] = 1.0
                 else:
@@ -454,6 +458,11 @@ class SpeculativeProcess:
                 ctx = ctx + (tok,)
         else:  # ngram: point-mass drafts
             drafts = self.ngram_proposal(self.prompt + committed)
+            if 0 < len(drafts) < K:
+                self._note(res, "short_draft")
+                if spec.inject == "M14":
+                    untested_from = len(drafts)
+                    drafts = drafts + [drafts[-1]] * (K - len(drafts))
             if spec.inject == "N6":
                 drafts = drafts + [PLACEHOLDER_TOKEN_ID] * (K - len(drafts))
             for tok in drafts:
@@ -462,17 +471,18 @@ class SpeculativeProcess:
                     qrow[tok] = 1.0
                 qs.append(qrow)
         res.proposed = len(drafts)
+        if not drafts:
+            self._note(res, "no_draft")
         if spec.inject == "N7" and self.draft is not None and self.draft.vocab_size < self.V:
             qs = self._strided_q_reads(qs)
         # 2. verify
         if spec.verify == "block":
-            yield from self._block_verify(committed, drafts, qs, res)
+            yield from self._block_verify(committed, drafts, qs, res, coined)
         else:
-            yield from self._token_verify(committed, drafts, qs, res)
+            yield from self._token_verify(committed, drafts, qs, res, coined, untested_from)
 
     def _strided_q_reads(self, qs: list[np.ndarray]) -> list[np.ndarray]:
         """N7: q stored as a flat [K * V_draft] buffer, read at row i from offset i * V_target."""
-        Vd = self.draft.vocab_size
         flat = np.concatenate([q[self._d2t] for q in qs])  # [K * V_draft] in draft ids
         out = []
         for i in range(len(qs)):
@@ -480,56 +490,89 @@ class SpeculativeProcess:
             row = np.zeros(self._W)
             row[: len(seg)] = seg  # read past the end: zeros
             out.append(row)
-        _ = Vd
         return out
 
-    def _coin_slot(self, i: int) -> int | None:
-        return i if self.spec.inject == "N1" else None
-
-    def _token_verify(self, committed, drafts, qs, res: RoundResult) -> RoundGen:
+    def _token_verify(self, committed, drafts, qs, res: RoundResult, coined: frozenset[int] = frozenset(),
+                      untested_from: int | None = None) -> RoundGen:
         V = self.V
+        inject = self.spec.inject
+        n = len(drafts)
         out = committed
         for i, (d, q) in enumerate(zip(drafts, qs)):
             p = self.p_at(out, i)  # [W]
+            self._at_position(res, out, i, p, verifying=True)
+            cut = len(out) + 1 >= self.max_tokens and i < n - 1  # the output's last position, drafts after it
+            if cut:
+                self._note(res, "max_tokens_cut")
             if d == PLACEHOLDER_TOKEN_ID:  # only reachable with N6: p[-1] read with wrap-around
                 pd, qd = p[V - 1], 1.0
             else:
                 pd, qd = p[d], q[d]
-            if self.spec.inject == "N7":
+                if qd > 0 and (self.record_events or inject == "M12") and self._truncated(out, d, p):
+                    self._note(res, "draft_truncated")
+                    if inject == "M12":
+                        pd = float(self._untruncated.conditional(out)[d])
+            if inject == "N7":
                 accept_prob = 1.0 if qd == 0 else min(1.0, pd / qd)  # kernel tests p >= u * q
             else:
                 accept_prob = 0.0 if qd == 0 else min(1.0, pd / qd)
-            accepted = accept_prob >= 1.0 or (accept_prob > 0 and (yield Coin(accept_prob, self._coin_slot(i))))
+            if (untested_from is not None and i >= untested_from) or (inject == "M10" and cut):
+                accepted = True
+            elif 0 < accept_prob < 1.0:
+                accepted = yield Coin(accept_prob, self._coin(res, i, coined))
+            else:
+                accepted = accept_prob >= 1.0
             if accepted:
                 res.accepted += 1
+                stop_inside = i < n - 1 and self._is_stop(d) and len(out) + 1 < self.max_tokens
+                if stop_inside:
+                    self._note(res, "stop_mid_round")
+                    if inject == "M09":
+                        res.emitted.append(int(d))
+                        out = out + (d,)
+                        continue
                 if self._emit(committed, res, d):
                     return
                 out = out + (d,)
                 continue
-            resid = _normalise(np.maximum(p - q, 0.0))
-            if resid is None:
-                resid = p
-            tok = yield Draw(resid)
-            self._emit(committed, res, int(tok))
+            self._note(res, f"reject@{i + 1}")
+            tok = yield from self._resample(res, np.maximum(p - q, 0.0), p, d if d >= 0 else None, i >= 1 and inject == "M01")
+            done = self._emit(committed, res, int(tok))
+            if self._penalised and d >= 0 and tok != d and not done:
+                self._note(res, "rejected_in_history")
             return
-        p = self.p_at(out, len(drafts))
-        tok = yield Draw(p)
-        self._emit(committed, res, int(tok))
+        p = self.p_at(out, n)
+        self._at_position(res, out, n, p, verifying=False)
+        if n:
+            self._note(res, f"bonus@{n}")
+        if inject == "M02" and n >= 2:
+            p = self.p_at(out[:-1], n - 1)
+        yield from self._final_draw(committed, res, p, greedy=inject == "M13" and n == 0)
 
-    def _block_verify(self, committed, drafts, qs, res: RoundResult) -> RoundGen:
+    def _block_verify(self, committed, drafts, qs, res: RoundResult, coined: frozenset[int] = frozenset()) -> RoundGen:
         K = len(drafts)
+        inject = self.spec.inject
         if K == 0:
-            tok = yield Draw(self.p_at(committed, 0))
-            self._emit(committed, res, int(tok))
+            p = self.p_at(committed, 0)
+            self._at_position(res, committed, 0, p, verifying=False)
+            yield from self._final_draw(committed, res, p, greedy=inject == "M13")
             return
         outs = [committed + tuple(drafts[:i]) for i in range(K + 1)]
         ps = [self.p_at(outs[i], i) for i in range(K + 1)]  # ps[i]: target at draft slot i+1 (0-based i)
+        if len(committed) + K > self.max_tokens:
+            self._note(res, "max_tokens_cut")
         w = [1.0]
         for i in range(K):
             d = drafts[i]
+            self._at_position(res, outs[i], i, ps[i], verifying=True)
             qd = qs[i][d] if d >= 0 else 1.0
             pd = ps[i][d] if d >= 0 else ps[i][self.V - 1]
-            w.append(min(1.0, w[-1] * pd / qd) if qd > 0 else 0.0)
+            if d >= 0 and qd > 0 and self.record_events and self._truncated(outs[i], d, ps[i]):
+                self._note(res, "draft_truncated")
+            carried = 1.0 if inject == "M07" else w[-1]  # M07: the weight is not carried over positions
+            w.append(min(1.0, carried * pd / qd) if qd > 0 else 0.0)
+        if any(x < 1.0 for x in w[1:K]):
+            self._note(res, "block_weight")
         tau = 0
         for i in range(1, K + 1):
             if i < K:
@@ -540,204 +583,93 @@ class SpeculativeProcess:
                 h = w[K]
             if h >= 1.0:
                 tau = i
-            elif h > 0 and (yield Coin(h, self._coin_slot(i - 1))):
+            elif h > 0 and (yield Coin(h, self._coin(res, i - 1, coined))):
                 tau = i
         res.accepted = tau
-        for d in drafts[:tau]:
+        for j, d in enumerate(drafts[:tau]):
+            if j < K - 1 and self._is_stop(d) and len(committed) + j + 1 < self.max_tokens:
+                self._note(res, "stop_mid_round")
             if self._emit(committed, res, d):
                 return
         if tau == K:
-            nxt = ps[K]
+            self._at_position(res, outs[K], K, ps[K], verifying=False)
+            self._note(res, f"bonus@{K}")
+            nxt = ps[K - 1] if inject == "M02" and K >= 2 else ps[K]
         else:
-            nxt = _normalise(np.maximum(w[tau] * ps[tau] - qs[tau], 0.0))
-            if nxt is None:
-                nxt = ps[tau]
+            self._note(res, f"reject@{tau + 1}")
+            raw = np.maximum(w[tau] * ps[tau] - qs[tau], 0.0)  # [W]
+            tok = yield from self._resample(res, raw, ps[tau], drafts[tau] if drafts[tau] >= 0 else None,
+                                            tau >= 1 and inject == "M01")
+            self._emit(committed, res, int(tok))
+            return
         tok = yield Draw(nxt)
         self._emit(committed, res, int(tok))
 
     def _tree_round(self, committed: tuple[int, ...], res: RoundResult) -> RoundGen:
+        spec = self.spec
+        inject = spec.inject
         children = self.build_tree(committed)
         res.proposed = sum(len(v) for v in children.values())
+        if not children:
+            self._note(res, "no_draft")
         path: tuple[int, ...] = ()
         while True:
             out = committed + path
             p = self.p_at(out, len(path))  # [W]
             kids = children.get(path, [])
+            self._at_position(res, out, len(path), p, verifying=bool(kids))
+            if self.record_events:
+                if (kids and len(kids) < spec.tree_topk) or (not children and not path):
+                    res.events.append("tree_unfilled")
+                if any(c >= 0 and self._truncated(out, c, p) for c in kids):
+                    res.events.append("draft_truncated")
+                if len(out) + 1 >= self.max_tokens and any(path + (c,) in children for c in kids):
+                    res.events.append("max_tokens_cut")
             if not kids:
-                tok = yield Draw(p)
-                self._emit(committed, res, int(tok))
+                if path:
+                    self._note(res, f"tree_leaf@{len(path)}")
+                greedy = (inject == "M04" and len(path) >= 2) or (inject == "M13" and not children)
+                yield from self._final_draw(committed, res, p, greedy)
                 return
             # One uniform, cumulative target mass of the children in order.
             cum = np.minimum(np.cumsum([p[c] for c in kids]), 1.0)  # [m]
             lo = np.concatenate([[0.0], cum[:-1]])
             seg = np.append(cum - lo, 1.0 - cum[-1])  # [m+1] interval lengths; last = no child
+            if inject == "M08":
+                left, seg = 1.0, []
+                for c in kids:
+                    seg.append(left * min(1.0, p[c]))
+                    left -= seg[-1]
+                seg = np.array(seg + [left])
             j = yield Draw(seg)
+            if j >= 1 and len(kids) >= 2:
+                self._note(res, "tree_sibling")
             if j < len(kids):
                 tok = kids[j]
                 res.accepted += 1
+                if self._is_stop(tok) and path + (tok,) in children and len(out) + 1 < self.max_tokens:
+                    self._note(res, "stop_mid_round")
+                    if inject == "M09":
+                        res.emitted.append(int(tok))
+                        path = path + (tok,)
+                        continue
                 if self._emit(committed, res, tok):
                     return
                 path = path + (tok,)
                 continue
+            self._note(res, f"tree_reject@{len(path) + 1}")
             rest = p.copy()
             rest[list(set(kids))] = 0.0
-            rest = _normalise(rest)
-            tok = yield Draw(rest if rest is not None else p)
+            tok = yield from self._resample(res, rest, p, kids[0], bool(path) and inject == "M03")
             self._emit(committed, res, int(tok))
             return
 
 
-# ----------------------------------------------------------------------------- drivers
+def __getattr__(name: str):
+    """The drivers, importable from here too (they live in :mod:`specfuzz.oracle.drivers`,
+    which imports this module)."""
+    if name in ("ExactDriver", "MonteCarloDriver", "SampleStats"):
+        from specfuzz.oracle import drivers
 
-
-class _Branch(Exception):
-    """Raised inside a replay when the round asks for a choice past the script."""
-
-
-def _run_round(gen: RoundGen, answer: Callable[[object], object]) -> None:
-    try:
-        req = next(gen)
-        while True:
-            req = gen.send(answer(req))
-    except StopIteration:
-        return
-
-
-@dataclass
-class SampleStats:
-    rounds: int = 0
-    proposed: int = 0
-    accepted: int = 0
-
-
-class MonteCarloDriver:
-    """Runs a :class:`SpeculativeProcess` with real randomness: the reference engine."""
-
-    def __init__(self, process: SpeculativeProcess, rng: np.random.Generator) -> None:
-        self.process = process
-        self.rng = rng
-        self.stats = SampleStats()
-
-    def sample(self) -> tuple[int, ...]:
-        rng = self.rng
-        slots: dict[int, float] = {}
-
-        def answer(req: object) -> object:
-            if isinstance(req, Draw):
-                c = np.cumsum(req.probs)
-                return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))
-            assert isinstance(req, Coin)
-            if req.slot is None:
-                u = rng.random()
-            else:
-                if req.slot not in slots:
-                    slots[req.slot] = rng.random()
-                u = slots[req.slot]
-            return u < req.threshold
-
-        committed: tuple[int, ...] = ()
-        while True:
-            res = RoundResult()
-            _run_round(self.process.round(committed, res), answer)
-            self.stats.rounds += 1
-            self.stats.proposed += res.proposed
-            self.stats.accepted += res.accepted
-            committed = committed + tuple(res.emitted)
-            if res.done:
-                return committed
-
-    def sample_many(self, n: int) -> list[tuple[int, ...]]:
-        return [self.sample() for _ in range(n)]
-
-
-class ExactDriver:
-    """Computes the exact law of a :class:`SpeculativeProcess` over complete outputs.
-
-    States between rounds are (committed output, per-slot uniform intervals); a round is
-    enumerated by replaying it along every branch of its random requests.
-    """
-
-    def __init__(self, process: SpeculativeProcess, max_states: int = 2_000_000) -> None:
-        self.process = process
-        self.max_states = max_states
-
-    def _round_outcomes(self, committed, intervals):
-        """[(prob, emitted tuple, done, new intervals)] for one round from a state."""
-        results = []
-        stack: list[list[object]] = [[]]
-        replays = 0
-        while stack:
-            script = stack.pop()
-            replays += 1
-            if replays > self.max_states:
-                raise RuntimeError("speculative process too large to enumerate exactly")
-            ivs = dict(intervals)
-            prob = 1.0
-            pos = 0
-            branch: list | None = None
-
-            def answer(req: object) -> object:
-                nonlocal pos, prob, branch
-                if pos < len(script):
-                    a = script[pos]
-                    pos += 1
-                    if isinstance(req, Draw):
-                        prob *= float(req.probs[a])
-                    else:
-                        t = req.threshold
-                        if req.slot is None:
-                            prob *= t if a else 1.0 - t
-                        else:
-                            lo, hi = ivs.get(req.slot, (0.0, 1.0))
-                            cut = min(max(t, lo), hi)
-                            width = hi - lo
-                            if a:
-                                prob *= (cut - lo) / width
-                                ivs[req.slot] = (lo, cut)
-                            else:
-                                prob *= (hi - cut) / width
-                                ivs[req.slot] = (cut, hi)
-                    return a
-                # Past the script: list this request's options with positive probability.
-                if isinstance(req, Draw):
-                    branch = [int(i) for i in np.flatnonzero(req.probs > 0)]
-                else:
-                    t = req.threshold
-                    if req.slot is None:
-                        branch = [a for a, pa in ((True, t), (False, 1.0 - t)) if pa > 0]
-                    else:
-                        lo, hi = ivs.get(req.slot, (0.0, 1.0))
-                        cut = min(max(t, lo), hi)
-                        branch = [a for a, pa in ((True, cut - lo), (False, hi - cut)) if pa > 0]
-                raise _Branch
-
-            res = RoundResult()
-            gen = self.process.round(committed, res)
-            try:
-                _run_round(gen, answer)
-            except _Branch:
-                for a in reversed(branch):
-                    stack.append(script + [a])
-                continue
-            if prob > 0:
-                results.append((prob, tuple(res.emitted), res.done, tuple(sorted(ivs.items()))))
-        return results
-
-    def law(self) -> dict[tuple[int, ...], float]:
-        frontier: dict[tuple, float] = {((), ()): 1.0}
-        final: dict[tuple[int, ...], float] = {}
-        while frontier:
-            nxt: dict[tuple, float] = {}
-            for (committed, ivs), mass in frontier.items():
-                for prob, emitted, done, new_ivs in self._round_outcomes(committed, ivs):
-                    out = committed + emitted
-                    if done:
-                        final[out] = final.get(out, 0.0) + mass * prob
-                    else:
-                        key = (out, new_ivs)
-                        nxt[key] = nxt.get(key, 0.0) + mass * prob
-            if len(nxt) > self.max_states:
-                raise RuntimeError("speculative process has too many states to enumerate exactly")
-            frontier = nxt
-        return final
-
+        return getattr(drivers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,44 @@ from specfuzz.case import Case
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import CHAIN_DRAFT_METHODS, CHAIN_METHODS, SpecConfig
 
+@dataclass(frozen=True)
+class Steer:
+    """Weights toward speculation events a campaign has covered least (built by
+    :meth:`specfuzz.fuzz.coverage.Coverage.steer`). ``None`` where a strategy takes a
+    ``steer``: every choice uniform, as Hypothesis draws it.
+
+    ``k_weights[k-1]``: the relative weight of K = k (chain length, tree depth); ``block``:
+    block verification more often; ``narrower``: a draft narrower than the target more often;
+    ``features``: sampling features drawn on 3 times in 4 instead of 1 in 2; ``near``: drafts
+    close to the target (late rejections, small residuals); ``wide_trees``: trees of two or more
+    children per node (siblings, unfilled nodes); ``truncated``: drafts that prefer
+    what the target ranks last (drafts cut by top-k/top-p/min-p); ``stop``: an EOS in the
+    start shape 3 times in 4, and drafts that favour it (stop tokens accepted mid-round,
+    min_tokens and thinking budgets ending inside a round). Every weighted choice still shrinks toward
+    its simplest value."""
+
+    k_weights: tuple[int, ...] = (1, 3, 3)
+    block: bool = False
+    wide_trees: bool = False
+    narrower: bool = False
+    features: tuple[str, ...] = ()
+    near: bool = True
+    truncated: bool = False
+    stop: bool = False
+
+    def k(self, draw, values: list[int]) -> int:
+        """K among ``values`` (ascending), weighted by ``k_weights``; shrinks to the smallest."""
+        if not values:
+            raise InvalidArgument("no value of K to draw")
+        weighted = [v for v in values for _ in range(self.k_weights[v - 1] if v - 1 < len(self.k_weights) else self.k_weights[-1])]
+        return draw(st.sampled_from(weighted or values))
+
+
+def _weighted(draw, options: list, weights: list[int]):
+    """One of ``options`` with integer ``weights``; shrinks toward ``options[0]``."""
+    return draw(st.sampled_from([o for o, w in zip(options, weights) for _ in range(w)]))
+
+
 # Logit values are multiples of 1/4 in [-4, 4]: exact in bfloat16, float16 and float32,
 # and coarse enough that a shrunk table reads like a hand-written one.
 _LOGIT = st.integers(-16, 16).map(lambda i: i / 4.0)
@@ -46,17 +84,42 @@ def tables(draw, rows: int, cols: int, kind: str | None = None) -> np.ndarray:
 
 
 @st.composite
-def draft_tables(draw, target: np.ndarray, v_draft: int) -> np.ndarray:
-    """A draft table [max(V, V_draft), V_draft]: identical, perturbed or unrelated to the target."""
+def draft_tables(draw, target: np.ndarray, v_draft: int, steer: Steer | None = None, eos: int | None = None,
+                 d2t: tuple[int, ...] | None = None) -> np.ndarray:
+    """A draft table [max(V, V_draft), V_draft]: unrelated, identical or perturbed; with a
+    ``steer`` also *near* the target (one logit per row moved by 1/4: p ~ q, so rejections
+    come late and residuals are small), *reversed* (the target's logits negated: the draft
+    prefers what the target ranks last, which top-k/top-p/min-p cut) and *stop-seeking*
+    (the target's with EOS raised by 2: EOS drafted mid-round). A related draft narrower than
+    the target takes the target's columns of its ids (``d2t``, else the first ``v_draft``);
+    a wider one is unrelated."""
     V = target.shape[0]
     rows = max(V, v_draft)
-    rel = draw(st.sampled_from(["unrelated", "identical", "perturbed"]))
-    if rel == "unrelated" or v_draft != V:
+    options, weights = ["unrelated", "identical", "perturbed"], [1, 1, 1]
+    if steer is not None:
+        options += ["near", "reversed", "stop-seeking"]
+        weights += [3 if steer.near else 1, 3 if steer.truncated else 1, 3 if steer.stop and eos is not None else 0]
+    rel = _weighted(draw, options, weights)
+    if rel == "unrelated" or v_draft > V or (v_draft < V and steer is None):
         return draw(tables(rows, v_draft))
-    base = np.where(np.isfinite(target), target, -8.0)
+    cols = list(d2t) if d2t is not None else list(range(v_draft))
+    base = np.where(np.isfinite(target), target, -8.0)[:, cols]  # [V, V_draft]
     if rel == "identical":
         return base
-    noise = np.array(draw(st.lists(_LOGIT, min_size=V * V, max_size=V * V))).reshape(V, V) / 2
+    if rel == "near":
+        # One logit per row moved by 1/4: the rows' acceptance stays high and their residuals small.
+        out = base.copy()
+        for r in range(out.shape[0]):
+            out[r, draw(st.integers(0, out.shape[1] - 1))] += draw(st.sampled_from([0.25, -0.25]))
+        return out
+    if rel == "reversed":
+        return -base
+    if rel == "stop-seeking":
+        out = base.copy()
+        if eos in cols:
+            out[:, cols.index(eos)] += 2.0
+        return out
+    noise = np.array(draw(st.lists(_LOGIT, min_size=base.size, max_size=base.size))).reshape(base.shape) / 2
     return base + noise
 
 
@@ -65,15 +128,19 @@ ALL_SAMPLING = frozenset(SamplingParams.__dataclass_fields__)
 
 @st.composite
 def sampling_params(draw, V: int, max_tokens: int, eos: int | None, allowed: frozenset[str] = ALL_SAMPLING,
-                    exclusive: tuple[frozenset[str], ...] = ()) -> SamplingParams:
+                    exclusive: tuple[frozenset[str], ...] = (), steer: Steer | None = None) -> SamplingParams:
     """Sampling settings; each optional feature is off unless drawn on, and only features in
-    ``allowed``; of each pair in ``exclusive`` (Capabilities.sampling_exclusive) at most one."""
+    ``allowed``; of each pair in ``exclusive`` (Capabilities.sampling_exclusive) at most one.
+    Features a ``steer`` names are drawn on 3 times in 4."""
     kw: dict = {"max_tokens": max_tokens}
+    favoured = frozenset(steer.features) if steer is not None else frozenset()
 
     def on(name: str) -> bool:
         if any(name in pair and (pair - {name}) & kw.keys() for pair in exclusive):
             return False
-        return name in allowed and draw(st.booleans())
+        if name not in allowed:
+            return False
+        return draw(st.integers(0, 3)) > 0 if name in favoured else draw(st.booleans())
 
     if on("temperature"):
         kw["temperature"] = draw(st.sampled_from([1.0, 0.0, 0.5, 2.0]))
@@ -106,12 +173,13 @@ def sampling_params(draw, V: int, max_tokens: int, eos: int | None, allowed: fro
 
 
 def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), max_k: int = 3, inject: str | None = None,
-                 knobs: dict | None = None, vocab: int | None = None):
+                 knobs: dict | None = None, vocab: int | None = None, steer: Steer | None = None):
     """Speculation settings; ``knobs`` restricts fields to the values an engine accepts.
     ``vocab``: the target vocabulary, which bounds a draft model's tree top-k (``eagle_tree``:
     the drafter proposes the top-k tokens of a distribution over that many; SGLang refuses a
     larger k, and on the H200 one search of an EAGLE tree with top-4 on V=3 had all its 357
-    cases refused)."""
+    cases refused). ``steer``: K weighted by its ``k_weights``, block verification and trees
+    with room for their depth more often."""
     knobs = dict(knobs or {})
 
     def pick(draw, name: str, values: list, method: str | None = None):
@@ -119,6 +187,12 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
         allowed = knobs.get(f"{method}.{name}", knobs.get(name))
         vals = [v for v in values if allowed is None or v in allowed]
         return draw(st.sampled_from(vals or list(allowed)))
+
+    def values(name: str, lo: int, hi: int, method: str) -> list[int]:
+        allowed = knobs.get(f"{method}.{name}", knobs.get(name))
+        if allowed is None:
+            return list(range(lo, hi + 1))
+        return sorted(v for v in allowed if v is not None and v >= lo) or [lo]
 
     def ints(draw, name: str, lo: int, hi: int, method: str, cap: int | None = None) -> int:
         # An engine that states the values it accepts (e.g. SGLang's trees up to its default
@@ -132,18 +206,31 @@ def spec_configs(methods=("draft_model", "ngram", "eagle_tree", "ngram_tree"), m
     @st.composite
     def _spec(draw) -> SpecConfig:
         method = draw(st.sampled_from(methods))
-        kw: dict = {"method": method, "num_speculative_tokens": ints(draw, "num_speculative_tokens", 1, max_k, method),
-                    "inject": inject}
+        if steer is not None:
+            K = steer.k(draw, values("num_speculative_tokens", 1, max_k, method))
+        else:
+            K = ints(draw, "num_speculative_tokens", 1, max_k, method)
+        kw: dict = {"method": method, "num_speculative_tokens": K, "inject": inject}
         if method in CHAIN_METHODS:
-            kw["verify"] = pick(draw, "verify", ["token", "block"], method)
+            if steer is not None and steer.block:
+                allowed = knobs.get(f"{method}.verify", knobs.get("verify"))
+                modes = [v for v in ("token", "block") if allowed is None or v in allowed] or list(allowed)
+                kw["verify"] = _weighted(draw, modes, [1] + [2] * (len(modes) - 1))
+            else:
+                kw["verify"] = pick(draw, "verify", ["token", "block"], method)
         if method in CHAIN_DRAFT_METHODS + ("eagle_tree",):
             kw["draft_sampling"] = pick(draw, "draft_sampling", ["sampled", "greedy"], method)
         if method in ("ngram", "ngram_tree"):
             lo = pick(draw, "ngram_min", [1, 2])
             kw["ngram_min"], kw["ngram_max"] = lo, ints(draw, "ngram_max", lo, 3, method)
         if method in ("eagle_tree", "ngram_tree"):
-            kw["tree_topk"] = ints(draw, "tree_topk", 1, 3, method, cap=vocab if method == "eagle_tree" else None)
-            kw["tree_budget"] = ints(draw, "tree_budget", 1, 6, method)
+            cap = vocab if method == "eagle_tree" else None
+            # Steered toward siblings: two or more children per node, where the engine takes it.
+            wide = steer is not None and steer.wide_trees and 2 in values("tree_topk", 1, min(3, cap or 3), method)
+            kw["tree_topk"] = ints(draw, "tree_topk", 2 if wide else 1, 3, method, cap=cap)
+            # Steered: a budget that leaves room for the tree's depth (K levels).
+            lo = min(6, max(1, K)) if steer is not None else 1
+            kw["tree_budget"] = ints(draw, "tree_budget", lo, 6, method)
             mins = knobs.get(f"{method}.tree_topk_min", knobs.get("tree_topk_min"))
             if mins is not None and "tree_topk_min" in SpecConfig.__dataclass_fields__:
                 kw["tree_topk_min"] = draw(st.sampled_from([m for m in mins if m is None or m <= kw["tree_topk"]]))
@@ -173,9 +260,11 @@ def prompts(draw, V: int, max_len: int = 6, long: bool = False):
     return tuple(base[: max_len + 3])
 
 
-def _draft_width(draw, V: int, spec: SpecConfig, draft_vocab: str) -> int:
+def _draft_width(draw, V: int, spec: SpecConfig, draft_vocab: str, narrower: bool = False) -> int:
     if draft_vocab == "equal":
         return V
+    if narrower and V > 2 and draw(st.integers(0, 3)) > 0:
+        return V - draw(st.integers(1, V - 2))
     hi = V if (spec.is_tree or draft_vocab == "narrower") else V + 1
     # Shrinks toward the target's own width (the simplest draft).
     return V - draw(st.integers(0, V - 2)) if draw(st.booleans()) else min(hi, V + draw(st.integers(0, hi - V)))
@@ -226,11 +315,13 @@ def start_shapes(
     engine_default: bool = False,
     inject: str | None = None,
     widths: tuple[int, ...] = VOCAB_WIDTHS,
+    steer: Steer | None = None,
 ) -> StartShape:
     """A start shape: V from ``widths`` (within the methods' floors and ``max_vocab``), EOS,
     speculation settings and the draft's width. ``engine_default``: the method runs at the
     engine's own defaults (``spec_defaults[method]``); K is drawn only where those do not state it
-    (vLLM requires K and has no default for it; SGLang's defaults fix it)."""
+    (vLLM requires K and has no default for it; SGLang's defaults fix it). ``steer``: K,
+    verification, tree budget and draft width weighted toward thinly covered events."""
     floors = dict(min_vocab or {})
     methods = tuple(methods or ("draft_model", "ngram", "eagle_tree", "ngram_tree"))
     lo_v = min(max(2, floors.get(m, 2)) for m in methods) if speculation else 2
@@ -244,7 +335,10 @@ def start_shapes(
         Vs = [v for v in Vs if any(v >= n for n in need.values())] or Vs
         floors = {**floors, **need}
     V = draw(st.sampled_from(Vs))
-    eos = draw(st.none() | st.integers(0, V - 1))
+    if steer is not None and steer.stop and draw(st.integers(0, 3)) > 0:
+        eos = draw(st.integers(0, V - 1))  # stop events are thin: an EOS 3 times in 4
+    else:
+        eos = draw(st.none() | st.integers(0, V - 1))
     if not speculation:
         return StartShape(V, eos, None)
     fit = tuple(m for m in methods if floors.get(m, 2) <= V) or methods
@@ -253,13 +347,15 @@ def start_shapes(
         kw = dict((spec_defaults or {}).get(method) or {})
         kw.update(method=method, engine_default=True, inject=inject)
         if "num_speculative_tokens" not in kw:  # an engine that requires K (vLLM) states no default for it
-            kw["num_speculative_tokens"] = draw(st.integers(1, max_k))
+            ks = list(range(1, max_k + 1))
+            kw["num_speculative_tokens"] = steer.k(draw, ks) if steer is not None else draw(st.integers(1, max_k))
         spec = SpecConfig(**kw)
     else:
-        spec = draw(spec_configs(fit, max_k, inject, spec_knobs, vocab=V))
+        spec = draw(spec_configs(fit, max_k, inject, spec_knobs, vocab=V, steer=steer))
     width = d2t = None
     if spec.uses_draft_model:
-        width = _draft_width(draw, V, spec, "narrower" if spec.method in ("eagle", "eagle3") else draft_vocab)
+        width = _draft_width(draw, V, spec, "narrower" if spec.method in ("eagle", "eagle3") else draft_vocab,
+                             narrower=steer is not None and steer.narrower)
         if spec.engine_default and spec.method in ("eagle", "eagle3", "eagle_tree"):
             width = max(width, min(V, int(spec.tree_topk)))  # the default tree's top-k
         spec = _reduced_draft_sampling(draw, spec, V, width, spec_knobs)
@@ -278,17 +374,27 @@ def _reduced_draft_sampling(draw, spec: SpecConfig, V: int, width: int, knobs: d
     return dataclasses.replace(spec, draft_sampling=draw(st.sampled_from(list(allowed))))
 
 
+def _max_tokens(draw, lo: int, hi: int, steer: Steer | None) -> int:
+    """max_tokens in [lo, hi]; steered, ``hi`` half of the time (room for rounds that reach
+    their bonus token), else uniform (short outputs cut rounds: event max_tokens_cut)."""
+    if steer is not None and hi > lo and draw(st.booleans()):
+        return hi
+    return draw(st.integers(lo, hi))
+
+
 @st.composite
 def shape_cases(draw, shape: StartShape, max_tokens: int = 3, sampling: frozenset[str] = ALL_SAMPLING,
-                min_tokens_speculating: int = 1, exclusive: tuple[frozenset[str], ...] = ()) -> Case:
+                min_tokens_speculating: int = 1, exclusive: tuple[frozenset[str], ...] = (),
+                steer: Steer | None = None) -> Case:
     """A case of a given start shape: target and draft tables, prompt, request."""
     V = shape.vocab_size
     target = draw(tables(V, V))
     prompt = draw(prompts(V, long=True))
     lo = min(max_tokens, min_tokens_speculating) if shape.spec is not None else 1
-    mt = draw(st.integers(lo, max_tokens))
-    params = draw(sampling_params(V, mt, shape.eos_token_id, sampling, exclusive))
-    draft = draw(draft_tables(target, shape.draft_width)) if shape.draft_width is not None else None
+    mt = _max_tokens(draw, lo, max_tokens, steer)
+    params = draw(sampling_params(V, mt, shape.eos_token_id, sampling, exclusive, steer))
+    draft = (draw(draft_tables(target, shape.draft_width, steer, shape.eos_token_id, shape.draft_d2t))
+             if shape.draft_width is not None else None)
     return Case(target, prompt, params, eos_token_id=shape.eos_token_id, spec=shape.spec, draft_table=draft,
                 draft_d2t=shape.draft_d2t)
 
@@ -359,10 +465,10 @@ def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, 
     One engine start (or swap) serves the whole family; the patterns differ in prompt and
     sampling settings, so a batch mixes them (greedy with random, different prompts, ...).
     ``shape``: every family has this start shape (kw then takes only ``max_tokens``,
-    ``sampling``, ``min_tokens_speculating`` and ``exclusive``).
+    ``sampling``, ``min_tokens_speculating``, ``exclusive`` and ``steer``).
     """
     if shape is not None:
-        kw = {k: v for k, v in kw.items() if k in ("max_tokens", "sampling", "min_tokens_speculating", "exclusive")}
+        kw = {k: v for k, v in kw.items() if k in ("max_tokens", "sampling", "min_tokens_speculating", "exclusive", "steer")}
         first = draw(shape_cases(shape, **kw))
         speculating = shape.spec is not None
     else:
@@ -372,7 +478,8 @@ def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, 
     out = [first]
     for _ in range(draw(st.integers(0, max_patterns - 1))):
         lo = min(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1)) if speculating else 1
-        mt = draw(st.integers(lo, kw.get("max_tokens", 3)))
-        params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING), kw.get("exclusive", ())))
+        mt = _max_tokens(draw, lo, kw.get("max_tokens", 3), kw.get("steer"))
+        params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING), kw.get("exclusive", ()),
+                                      kw.get("steer")))
         out.append(first.with_(prompt=draw(prompts(V, long=shape is not None)), params=params))
     return out

@@ -34,7 +34,7 @@ def test_exit_codes_are_the_documented_four():
 def test_fuzz_exits_1_on_a_new_finding_with_its_draft_in_junit_and_json_then_0_when_nothing_new(tmp_path):
     corpus, work = tmp_path / "corpus", tmp_path / "work"
     # N6 on ngram: the campaign's first (simplest) family already shows it, whatever the machine's speed.
-    args = ["fuzz", "--inject", "N6", "--method", "ngram", "--corpus", str(corpus), "--work-dir", str(work),
+    args = ["fuzz", "--engine", "reference", "--inject", "N6", "--method", "ngram", "--corpus", str(corpus), "--work-dir", str(work),
             "--quiet", "--seed", "0"]
     res = run_cli(args + ["--budget", "6s", "--junit-xml", "r1.xml", "--json", "r1.json"], tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
@@ -67,7 +67,7 @@ def test_fuzz_exits_1_on_a_new_finding_with_its_draft_in_junit_and_json_then_0_w
 
 @pytest.mark.slow
 def test_fuzz_on_the_correct_reference_engine_exits_0_with_a_passing_campaign_case(tmp_path):
-    res = run_cli(["fuzz", "--budget", "5s", "--corpus", "c", "--work-dir", "w", "--quiet",
+    res = run_cli(["fuzz", "--engine", "reference", "--budget", "5s", "--corpus", "c", "--work-dir", "w", "--quiet",
                    "--junit-xml", "r.xml", "--json", "r.json"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     data = valid_json(tmp_path / "r.json")

@@ -107,7 +107,7 @@ def test_item4_a_damaged_campaign_state_is_refused_and_reset_state_keeps_it_asid
     full = state.read_bytes()
     state.write_bytes(full[: len(full) // 2])  # truncated, as by a full disk
     before = snapshot(corpus)
-    args = ["--budget", "2s", "--samples", "50", "--corpus", str(corpus), "--work-dir", str(tmp_path / "w"), "--quiet"]
+    args = ["--engine", "reference", "--budget", "2s", "--samples", "50", "--corpus", str(corpus), "--work-dir", str(tmp_path / "w"), "--quiet"]
     r = invoke(args)
     line = assert_one_line_exit_2(r, str(state), "not JSON", "--reset-state")
     assert "α" in line  # it says what is at stake
@@ -282,7 +282,7 @@ def bad_command_lines(draw, tmp: Path, corpus: Path):
         return cmd, p.name
     if kind == "state":
         (corpus / ".specfuzz" / "state.json").write_bytes(draw(BAD_STATE_BYTES))
-        return ["fuzz", "--corpus", str(corpus), *work, "--quiet", "--budget", "5s"], "state.json"
+        return ["fuzz", "--engine", "reference", "--corpus", str(corpus), *work, "--quiet", "--budget", "5s"], "state.json"
     if kind == "folder":
         folder = draw(st.sampled_from(_unwritable_dirs(tmp)))
         cmd, opt = draw(st.sampled_from([

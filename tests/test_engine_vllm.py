@@ -254,10 +254,10 @@ def test_model_runner_setting_is_validated(tmp_path):
 def test_model_runner_v2_is_refused_below_its_warmup_vocabulary(tmp_path, monkeypatch):
     """vLLM 0.25's V2 warmup asks for 5 logprobs and dies on a smaller vocabulary (a stored
     H200 crash): the adapter refuses such configs before start, naming the limit."""
-    import specfuzz.engines.vllm_engine as ve
+    import specfuzz.engines.vllm_mapping as vm
 
-    monkeypatch.setattr(ve, "_has_cuda", lambda: True)
-    monkeypatch.setattr(ve, "_v2_min_vocab", lambda: 5)
+    monkeypatch.setattr(vm, "_has_cuda", lambda: True)
+    monkeypatch.setattr(vm, "_v2_min_vocab", lambda: 5)
     from specfuzz.tablegen import write_checkpoint
 
     small = write_checkpoint(tmp_path / "t3", np.zeros((3, 3), np.float32)).path
@@ -526,14 +526,14 @@ def test_engine_default_variants_send_only_the_knobs_vllm_requires(tmp_path):
 
 
 def test_engine_default_variants_leave_the_model_runner_to_vllm(tmp_path, monkeypatch):
-    import specfuzz.engines.vllm_engine as ve
+    import specfuzz.engines.vllm_mapping as vm
 
-    monkeypatch.setattr(ve, "_has_cuda", lambda: True)
+    monkeypatch.setattr(vm, "_has_cuda", lambda: True)
     eng = VLLMEngine()
     cfg = _config(tmp_path, SpecConfig("ngram", 2, engine_default=True))
-    assert eng._stock_runner(eng.settings_for(cfg), cfg)
+    assert vm.stock_runner(eng.settings_for(cfg), cfg)
     cfg = _config(tmp_path, SpecConfig("ngram", 2))
-    assert not eng._stock_runner(eng.settings_for(cfg), cfg)
+    assert not vm.stock_runner(eng.settings_for(cfg), cfg)
 
 
 def test_site_wide_speculative_settings_apply_to_speculative_runs_only(tmp_path, monkeypatch):

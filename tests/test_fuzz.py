@@ -102,8 +102,9 @@ def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatc
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
     assert found[0].label == "unknown"
-    # the candidate's confirmation, then one of what the shrinkers kept (none by the search itself)
-    assert "_search" not in calls and "run_example" in calls, calls
+    # the candidate's confirmation (the candidate pipeline), then one of what the shrinkers kept
+    # (none by the search itself, Search.run)
+    assert not {"_search", "run"} & set(calls) and "_candidate" in calls, calls
     assert {"_greedy_shrink", "_confirm_smallest"} & set(calls), calls
     assert stats.candidates > stats.confirmations, (stats.candidates, calls)
     case = found[0].case
@@ -114,7 +115,7 @@ def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatc
 def test_sigkilled_campaign_loses_nothing_and_does_not_rereport_on_resume(tmp_path):
     corpus = tmp_path / "corpus"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
-    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--inject", "N6", "--corpus", str(corpus),
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--engine", "reference", "--inject", "N6", "--corpus", str(corpus),
            "--work-dir", str(tmp_path / "work"), "--quiet", "--seed", "1"]
     p = subprocess.Popen(cmd + ["--budget", "120s"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 110
@@ -149,7 +150,7 @@ def test_a_failure_confirmed_before_a_kill_is_stored_unshrunk_when_the_campaign_
     on disk (.specfuzz/pending-w0.json); the resumed campaign stores it, unshrunk."""
     corpus = tmp_path / "corpus"
     pending = corpus / ".specfuzz" / "pending-w0.json"
-    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--inject", "N6", "--corpus", str(corpus),
+    cmd = [sys.executable, "-m", "specfuzz", "fuzz", "--engine", "reference", "--inject", "N6", "--corpus", str(corpus),
            "--work-dir", str(tmp_path / "work"), "--quiet", "--seed", "1"]
     p = subprocess.Popen(cmd + ["--budget", "120s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 110

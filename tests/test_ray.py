@@ -90,8 +90,9 @@ def cluster(tmp_path_factory):
 
 
 def _fuzz(cluster: dict, corpus: Path, work: Path, budget: str, *extra: str) -> list[str]:
+    engine = [] if "--engine" in extra else ["--engine", "reference"]
     return [sys.executable, "-m", "specfuzz", "fuzz", "--ray", cluster["address"], "--budget", budget,
-            "--corpus", str(corpus), "--work-dir", str(work), "--quiet", *extra]
+            "--corpus", str(corpus), "--work-dir", str(work), "--quiet", *engine, *extra]
 
 
 def _entries(corpus: Path) -> list[Entry]:
@@ -281,7 +282,7 @@ print(n1 != n2, min(x for x in first if x >= 900), second[0], len(second))
 ])
 def test_bad_ray_options_are_refused_with_one_line(cluster, tmp_path, args, name):
     args = [a.format(address=cluster["address"]) for a in args]
-    r = subprocess.run([sys.executable, "-m", "specfuzz", "fuzz", "--budget", "5s", "--corpus", str(tmp_path / "c"),
+    r = subprocess.run([sys.executable, "-m", "specfuzz", "fuzz", "--engine", "reference", "--budget", "5s", "--corpus", str(tmp_path / "c"),
                         "--work-dir", str(tmp_path / "w"), "--quiet", *args], env=ENV, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr

@@ -152,7 +152,7 @@ def test_wheel_installed_outside_the_tree_runs_doctor_a_30_second_campaign_and_t
     assert engines["reference"]["importable"] and engines["vllm"]["importable"]
     assert engines["vllm"]["version"] == "0.32.0" and engines["vllm"]["device"].startswith("cpu")
     # A 30-second campaign on the reference engine, its JSON valid against the schema the wheel ships.
-    res = venv.run([str(venv.bin / "specfuzz"), "fuzz", "--budget", "30s", "--quiet", "--corpus", "c",
+    res = venv.run([str(venv.bin / "specfuzz"), "fuzz", "--engine", "reference", "--budget", "30s", "--quiet", "--corpus", "c",
                     "--work-dir", "w", "--json", "r.json", "--junit-xml", "r.xml"], out)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     data = valid_json(out / "r.json")
