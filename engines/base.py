@@ -359,6 +359,18 @@ def refuse_unsupported(params: SamplingParams, unsupported: Mapping[str, object]
     params.check_vocab(vocab_size)
 
 
+def check_speculation(spec: object, methods: Sequence[str], engine: str) -> None:
+    """Raise InvalidInput unless ``spec`` is a SpecConfig of one of ``methods`` with K >= 1
+    (``engine``: what the engine's methods are, for the message)."""
+    if not isinstance(spec, SpecConfig):
+        raise InvalidInput("speculation", type(spec).__name__, "None or a SpecConfig")
+    if spec.method not in methods:
+        raise InvalidInput("speculation method", spec.method, f"one of {tuple(methods)} ({engine})")
+    K = spec.num_speculative_tokens
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise InvalidInput("num_speculative_tokens", K, "an integer >= 1")
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's first message line (at most 500 characters), or its type's name."""
     lines = str(exc).strip().splitlines()

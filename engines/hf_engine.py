@@ -58,11 +58,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, refuse_unsupported
+from specfuzz.engines.base import (
+    Capabilities, Completion, Engine, EngineConfig, Request, check_speculation, refuse_unsupported,
+)
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.semantics import HF_UNSUPPORTED
-from specfuzz.oracle.speculative import SpecConfig
 
 ENGINE_NAME = "hf-transformers"
 METHODS = ("draft_model", "ngram")
@@ -327,13 +328,7 @@ class HFEngine(Engine):
         plan: dict[str, Any] = {"settings": settings, "vocab_size": V, "eos": _eos_of(tcfg), "universal": False}
         if spec is None:
             return plan
-        if not isinstance(spec, SpecConfig):
-            raise InvalidInput("speculation", type(spec).__name__, "None or a SpecConfig")
-        if spec.method not in METHODS:
-            raise InvalidInput("speculation method", spec.method, f"one of {METHODS} (HF: assisted generation, prompt lookup)")
-        K = spec.num_speculative_tokens
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise InvalidInput("num_speculative_tokens", K, "an integer >= 1")
+        check_speculation(spec, METHODS, "HF: assisted generation, prompt lookup")
         if spec.verify != "token":
             raise InvalidInput("verify", spec.verify, "'token' (HF verifies token by token)")
         if spec.inject is not None:

@@ -52,12 +52,11 @@ import numpy as np
 
 from specfuzz.engines.base import (
     Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, read_config,
-    refuse_unsupported, swap_parts,
+    check_speculation, refuse_unsupported, swap_parts,
 )
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.semantics_mlx import MLX_UNSUPPORTED
-from specfuzz.oracle.speculative import SpecConfig
 from specfuzz.tablegen.checkpoint import META_FILE
 
 ENGINE_NAME = "mlx-lm"
@@ -242,13 +241,7 @@ class MLXEngine(Engine):
         spec = config.speculation
         if spec is None:
             return plan
-        if not isinstance(spec, SpecConfig):
-            raise InvalidInput("speculation", type(spec).__name__, "None or a SpecConfig")
-        if spec.method not in METHODS:
-            raise InvalidInput("speculation method", spec.method, f"one of {METHODS} (mlx-lm: a draft model)")
-        K = spec.num_speculative_tokens
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise InvalidInput("num_speculative_tokens", K, "an integer >= 1")
+        check_speculation(spec, METHODS, "mlx-lm: a draft model")
         for field, allowed in (("verify", "token"), ("draft_sampling", "sampled"), ("draft_temperature", None)):
             if getattr(spec, field) != allowed:
                 raise InvalidInput(field, getattr(spec, field), f"{allowed!r}: mlx-lm's draft samples with the request's "
@@ -264,7 +257,7 @@ class MLXEngine(Engine):
         d2t = config.draft_d2t
         if d2t is not None and tuple(d2t) != tuple(range(len(tuple(d2t)))):
             raise InvalidInput("draft_d2t", tuple(d2t), "None: mlx-lm's draft shares the target's token ids")
-        plan["k"] = None if spec.engine_default else K
+        plan["k"] = None if spec.engine_default else spec.num_speculative_tokens
         return plan
 
     def _load(self, d: Path, name: str):
