@@ -70,7 +70,17 @@ def _median(times: list[float | None], budget_s: float) -> float | None:
     return None if m == float("inf") or m > budget_s * 10 else round(m, 1)
 
 
-def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_modes: list[bool]) -> dict:
+def _save_rows(out: Path, res: dict) -> None:
+    """Write ``res`` to ``out``, keeping the rows of other (bug, steering) pairs already there:
+    a bench split over several processes, or killed, keeps every row it finished."""
+    if out.exists():
+        old = json.loads(out.read_text())
+        done = {(r["bug"], r["steer"]) for r in res["rows"]}
+        res = {**res, "rows": [r for r in old.get("rows", []) if (r["bug"], r["steer"]) not in done] + res["rows"]}
+    out.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_modes: list[bool], out: Path) -> dict:
     from specfuzz.oracle.mutants import CONTROLS, MUTANTS
     from specfuzz.oracle.speculative import BUG_CLASSES
 
@@ -98,19 +108,43 @@ def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_mod
                 "found": sum(r["time_to_bug_s"] is not None for r in runs),
                 "runs": runs,
             })
-    return {"bench": "time_to_bug_mutants", "budget_s": budget_s, "seeds": seeds, "rows": rows}
+            _save_rows(out, {**_header(budget_s, seeds), "rows": rows[-1:]})
+    return {**_header(budget_s, seeds), "rows": rows}
 
 
-def _known_keys(engine_name: str) -> dict[str, tuple]:
-    """Stored CPU entries of an engine: path -> the key a fresh campaign's entry must share."""
+def _header(budget_s: float, seeds: int) -> dict:
+    return {"bench": "time_to_bug_mutants", "budget_s": budget_s, "seeds": seeds, "date": time.strftime("%Y-%m-%d"),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}}
+
+
+def _known_keys(engine_name: str, corpus: Path | None = None, cpu: bool = True) -> dict[str, tuple]:
+    """Stored entries of an engine (CPU ones of the tracked corpus by default): path -> the key
+    a fresh campaign's entry must share."""
     from specfuzz.fuzz.corpus import Corpus, Entry
 
     out = {}
-    for path, e in Corpus(ROOT / "corpus").entries():
-        if (isinstance(e, Entry) and e.engine.get("name") == engine_name and e.kind in ("finding", "crash")
-                and str(e.engine.get("device", "")).startswith("cpu")):
+    for path, e in Corpus(corpus or ROOT / "corpus").entries():
+        if (isinstance(e, Entry) and e.engine.get("name") == engine_name and e.kind in ("finding", "crash", "calibration")
+                and (not cpu or str(e.engine.get("device", "")).startswith("cpu"))):
             out[path.name] = _key(e)
     return out
+
+
+def match_fresh(engine_name: str, fresh: Path, known_corpus: Path, t0: float) -> dict:
+    """Known entries of ``known_corpus`` met again by the fresh campaign corpus ``fresh`` started
+    at ``t0`` (epoch seconds): entry -> seconds from t0 to the first fresh entry sharing its key."""
+    from specfuzz.fuzz.corpus import Corpus, Entry
+
+    known = _known_keys(engine_name, known_corpus, cpu=False)
+    met: dict[str, float] = {}
+    for path, e in Corpus(fresh).entries():
+        if isinstance(e, Entry):
+            k, t = _key(e), path.stat().st_mtime - t0
+            for name, kk in known.items():
+                if kk == k:
+                    met[name] = round(min(met.get(name, t), t), 1)
+    return {"known": {k: list(v) for k, v in known.items()}, "time_to_known_s": {k: met.get(k) for k in known},
+            "fresh_entries": sorted(p.name for p in Path(fresh).glob("*.json"))}
 
 
 def _key(e) -> tuple:
@@ -123,7 +157,7 @@ def _key(e) -> tuple:
     spec = e.case.get("spec") or {}
     if e.kind == "crash":
         return ("crash", entry_crash_key(e))
-    return ("finding", spec.get("method"), symptom(e.case, e.counts, profile_for(e)), tuple(sorted(active_features(e.case))))
+    return (e.kind, spec.get("method"), symptom(e.case, e.counts, profile_for(e)), tuple(sorted(active_features(e.case))))
 
 
 def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: int) -> dict:
@@ -164,6 +198,23 @@ def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: in
             "known": {k: list(v) for k, v in known.items()}, "rows": rows}
 
 
+def markdown(res: dict) -> str:
+    """The benchmarks page's table of a ``mutants`` result: per bug, the event it acts in, the
+    median time to stored over seeds, the times of each seed, families run."""
+    rows = ["| bug | acts in | steering | median (s) | per seed (s) | families per run |", "|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        times = ", ".join("—" if x["time_to_bug_s"] is None else f"{x['time_to_bug_s']:.0f}" for x in r["runs"])
+        fams = ", ".join(str(x["families"]) for x in r["runs"])
+        med = "stores nothing" if r["kind"] == "control" and not r["found"] else (
+            "—" if r["median_s"] is None else f"{r['median_s']:.0f}")
+        if r["kind"] == "control" and r["found"]:
+            med = f"**stored {r['found']}**"
+        event = r["event"] or {"N1": "coin_reused", "N2": "lag:min_tokens", "N3": "lag:thinking", "N4": "tree_unfilled",
+                               "N5": "outside_draft", "N6": "short_draft", "N7": "narrow_lag"}.get(r["bug"], "—")
+        rows.append(f"| {r['bug']} | `{event}` | {'on' if r['steer'] else 'off'} | {med} | {times} | {fams} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -173,6 +224,15 @@ def main() -> None:
     m.add_argument("--only", default=None, help="comma-separated bug ids (N1, M05, L1, none)")
     m.add_argument("--steer", choices=("on", "off", "both"), default="on")
     m.add_argument("--out", default=str(RESULTS / "time_to_bug_mutants.json"))
+    t = sub.add_parser("table", help="print the Markdown table of a mutants result file")
+    t.add_argument("path", nargs="?", default=str(RESULTS / "time_to_bug_mutants.json"))
+    g = sub.add_parser("match", help="time to each known bug of a fresh campaign run elsewhere (the GPU machine)")
+    g.add_argument("--engine-name", required=True, help="the engine's version record name: vllm, sglang")
+    g.add_argument("--fresh", required=True, help="the fresh campaign's corpus folder (file mtimes kept)")
+    g.add_argument("--t0", required=True, type=float, help="its start, epoch seconds")
+    g.add_argument("--known", required=True, help="the tracked corpus of that engine, e.g. corpus/h200/sglang")
+    g.add_argument("--label", default="")
+    g.add_argument("--out", required=True)
     e = sub.add_parser("engines")
     e.add_argument("--engine", choices=("vllm", "hf"), required=True)
     e.add_argument("--budget", type=float, default=900.0)
@@ -180,22 +240,28 @@ def main() -> None:
     e.add_argument("--steer", choices=("on", "off", "both"), default="both")
     e.add_argument("--out", default=None)
     a = ap.parse_args()
-    modes = {"on": [True], "off": [False], "both": [True, False]}[a.steer]
     t0 = time.time()
-    if a.what == "mutants":
-        res = bench_mutants(a.seeds, a.budget, a.only.split(",") if a.only else None, modes)
+    if a.what == "table":
+        print(markdown(json.loads(Path(a.path).read_text())))
+        return
+    if a.what == "match":
         out = Path(a.out)
-    else:
-        res = bench_engine(a.engine, a.budget, modes, a.seed)
-        out = Path(a.out or RESULTS / f"time_to_bug_{a.engine}.json")
+        res = json.loads(out.read_text()) if out.exists() else {"bench": "time_to_bug_gpu", "rows": []}
+        res["rows"].append({"label": a.label, "engine": a.engine_name, **match_fresh(a.engine_name, Path(a.fresh), Path(a.known), a.t0)})
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {out}")
+        return
+    modes = {"on": [True], "off": [False], "both": [True, False]}[a.steer]
+    if a.what == "mutants":
+        # Rows are written as they finish, beside those of other bugs already in the file.
+        bench_mutants(a.seeds, a.budget, a.only.split(",") if a.only else None, modes, Path(a.out))
+        print(f"wrote {a.out}")
+        return
+    res = bench_engine(a.engine, a.budget, modes, a.seed)
+    out = Path(a.out or RESULTS / f"time_to_bug_{a.engine}.json")
     res["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
     res["seconds"] = round(time.time() - t0, 1)
     res["date"] = time.strftime("%Y-%m-%d")
-    if out.exists() and a.what == "mutants" and a.only:
-        # --only: replace those rows in the existing results, keep the others.
-        old = json.loads(out.read_text())
-        keep = [r for r in old.get("rows", []) if (r["bug"], r["steer"]) not in {(r2["bug"], r2["steer"]) for r2 in res["rows"]}]
-        res["rows"] = keep + res["rows"]
     out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {out}")
 

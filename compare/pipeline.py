@@ -184,7 +184,10 @@ def _methods(names: Sequence[str], o: CompareOptions, target: Path, log) -> tupl
     return out, dirs
 
 
-def _engine_kwargs(engine: str, o: CompareOptions) -> dict:
+def _engine_kwargs(engine: str, o: CompareOptions, model: M.ModelFolders) -> dict:
+    if engine_label(engine) == "llamacpp":
+        # llama.cpp runs the GGUF itself (the embedded model's; a user's HF folder has none).
+        return {"model_gguf": str(M.embedded_gguf())} if model.embedded else {}
     return {"threads": o.threads} if engine_label(engine) == "hf" else {}
 
 
@@ -215,7 +218,7 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     all_runs: dict[str, list[RunResult]] = {}
     for e in v.engines:
         t0 = time.perf_counter()
-        all_runs[e] = run_engine(e, _engine_kwargs(e, o), methods, plan, model.target, model.name, o.settings, decode, log)
+        all_runs[e] = run_engine(e, _engine_kwargs(e, o, model), methods, plan, model.target, model.name, o.settings, decode, log)
         seconds[f"engine:{engine_label(e)}"] = time.perf_counter() - t0
     log("teacher-forcing the outputs through the reference (HF transformers, float32)")
     t0 = time.perf_counter()

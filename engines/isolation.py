@@ -51,6 +51,7 @@ BUILTIN_ENGINES = {
     "vllm": "specfuzz.engines.vllm_engine:VLLMEngine",
     "hf": "specfuzz.engines.hf_engine:HFEngine",
     "sglang": "specfuzz.engines.sglang_engine:SGLangEngine",
+    "llamacpp": "specfuzz.engines.llamacpp_engine:LlamaCppEngine",
     "mlx": "specfuzz.engines.mlx_engine:MLXEngine",
 }
 # Engines (resolved ``module:Class``) that start multiprocessing children of their own and

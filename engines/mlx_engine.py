@@ -52,7 +52,7 @@ import numpy as np
 
 from specfuzz.engines.base import (
     Capabilities, Completion, Engine, EngineConfig, Request, SwapReport, SwapUnsupported, TableCheck, read_config,
-    check_speculation, refuse_unsupported, swap_parts,
+    check_speculation, merged_settings, refuse_unsupported, swap_parts,
 )
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
@@ -214,13 +214,7 @@ class MLXEngine(Engine):
     # -- start -------------------------------------------------------------------------
 
     def _settings(self, config: EngineConfig) -> dict[str, Any]:
-        out = {k: v[0] for k, v in SETTINGS.items()}
-        for k, v in {**self._defaults, **dict(config.settings)}.items():
-            if k in PASSTHROUGH_SETTINGS:
-                continue
-            if k not in SETTINGS:
-                raise InvalidInput("setting", k, f"one of {sorted(SETTINGS) + list(PASSTHROUGH_SETTINGS)}")
-            out[k] = v
+        out = merged_settings(SETTINGS, self._defaults, config.settings, passthrough=PASSTHROUGH_SETTINGS)
         for name, lo in (("prefill_step_size", 1), ("seed", 0)):
             v = out[name]
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):

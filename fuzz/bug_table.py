@@ -37,7 +37,7 @@ MAX_WHAT = 150
 SYMPTOM_TEXT = {"past end": "with outputs past a stop token or EOS", "impossible output": "with another output μ forbids",
                 "frequencies": "with frequencies off μ"}
 KIND_NOUN = {"finding": "speculation finding", "calibration": "sampling failure", "crash": "crash"}
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "hf-transformers": "transformers"}
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "hf-transformers": "transformers", "llama.cpp": "llama.cpp"}
 
 
 @dataclass

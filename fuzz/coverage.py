@@ -225,10 +225,14 @@ class Coverage:
         return sorted(out, key=lambda e: (events.get(e, (0.0, 0.0))[0], _event_order(e)))
 
     def steer(self, method: str, reach: Mapping[str, str | None], max_k: int):
-        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``."""
+        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``. Two levers
+        cost engine time, narrower drafts (HF runs universal assisted generation for them) and
+        long outputs: they wait until the method has run a family, and its own coverage says
+        which events need them."""
         from specfuzz.strategies import Steer
 
         thin = set(self.thin(method, reach))
+        first = not self.data["methods"].get(method, {}).get("families")
         # K: every value that can reach a thin positional event gains STEER_K_WEIGHT (a rejection
         # at position i: K >= i; a bonus after k drafts, a leaf at depth d: K = k, d). K = 1 is
         # never favoured: a round of one position reaches no multi-position event.
@@ -247,11 +251,12 @@ class Coverage:
             k_weights=tuple(k_weights),
             block="block_weight" in thin,
             wide_trees=bool(thin & {"tree_sibling", "tree_unfilled"}),
-            narrower="vocab" in kinds,
+            narrower="vocab" in kinds and not first,
             features=tuple(features),
             near="residual_small" in thin or any((position(e) or 0) >= 2 for e in thin),
             truncated="draft_truncated" in thin,
             stop=bool(thin & {"stop_mid_round", "lag:min_tokens", "lag:thinking"}),
+            long=not first and any(e.startswith(("bonus@", "tree_leaf@")) and (position(e) or 0) >= 2 for e in thin),
         )
 
 

@@ -86,11 +86,15 @@ ENGINE_PACKAGES: dict[str, EnginePackage] = {
     "vllm": EnginePackage("vllm", excludes=("torchvision", "torchaudio", "torchcodec"), device="cuda"),
     "transformers": EnginePackage("hf", requires=("{cpu_torch}", "safetensors", "tokenizers")),
     "sglang": EnginePackage("sglang", device="cuda"),
+    # A llama-cpp-python release is "installed" as the llama-server built from its sdist's
+    # vendored llama.cpp (ReleaseEnvs.ensure -> _llama_server_env), not as Python bindings.
+    "llama-cpp-python": EnginePackage("llamacpp"),
     # mlx-lm pins mlx only on macOS; on Linux the adapter needs MLX's CPU build (mlx[cpu]).
     "mlx-lm": EnginePackage("mlx", requires=("mlx[cpu]", "safetensors")),
 }
 # Stored engine names (Entry.engine["name"]) -> the package their releases come from.
-ENTRY_ENGINE_PACKAGES = {"hf-transformers": "transformers", "hf": "transformers", "sglang": "sglang", "mlx-lm": "mlx-lm"}
+ENTRY_ENGINE_PACKAGES = {"hf-transformers": "transformers", "hf": "transformers", "sglang": "sglang",
+                         "llama.cpp": "llama-cpp-python", "mlx-lm": "mlx-lm"}
 
 
 def package_for_entry(engine: Mapping) -> str | None:
@@ -361,6 +365,8 @@ class ReleaseEnvs:
 
     def ensure(self, package: str, release: Release) -> EnvResult:
         """The release's environment, made now if it is not cached (or why it cannot be)."""
+        if canonicalize_name(package) == "llama-cpp-python":
+            return self._llama_server_env(release)
         hit = self.cached(package, release.version)
         if hit is not None:
             return hit
@@ -410,6 +416,25 @@ class ReleaseEnvs:
         atomic_write_json(d / MARKER, info)
         self.log(f"  {package}=={release.version}: ready in {info['seconds']:.0f} s (torch {info['torch']})")
         return EnvResult(package, release.version, "ready", str(d / "bin" / "python"), "", time.monotonic() - t0, False, info)
+
+    def _llama_server_env(self, release: Release) -> EnvResult:
+        """A llama-cpp-python release as the llama-server built from its sdist (cached by
+        specfuzz.engines.llamacpp_build); this interpreter runs the adapter, pointed at that binary."""
+        from specfuzz.engines.llamacpp_build import SERVER_ENV, ensure_server, server_path
+
+        t0 = time.monotonic()
+        cached = server_path(release.version).is_file()
+        if not cached:
+            self.log(f"  building llama-server of llama-cpp-python=={release.version} (minutes) ...")
+        try:
+            binary = ensure_server(release.version)
+        except (RuntimeError, InvalidInput) as exc:
+            return EnvResult("llama-cpp-python", release.version, "not-installable", None, str(exc).splitlines()[0][:300],
+                             time.monotonic() - t0)
+        info = {"engine_version": release.version, "built_from": f"llama-cpp-python {release.version} sdist (vendor/llama.cpp)",
+                "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+        return EnvResult("llama-cpp-python", release.version, "ready", sys.executable, "", time.monotonic() - t0, cached, info,
+                         env={SERVER_ENV: str(binary)})
 
     def _deps_note(self, release: Release) -> str:
         if self.deps == "latest" or not release.released:

@@ -123,9 +123,7 @@ def profile_for(entry: Entry) -> str:
     name = str(entry.engine.get("name", ""))
     if name in HF_ENGINE_NAMES:
         return "hf"
-    if name == "mlx-lm":
-        return "mlx"
-    return "sglang" if name == "sglang" else "vllm"
+    return {"sglang": "sglang", "llama.cpp": "llamacpp", "mlx-lm": "mlx"}.get(name, "vllm")
 
 
 def engine_label(entry: Entry) -> str:

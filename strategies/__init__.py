@@ -36,7 +36,8 @@ class Steer:
     children per node (siblings, unfilled nodes); ``truncated``: drafts that prefer
     what the target ranks last (drafts cut by top-k/top-p/min-p); ``stop``: an EOS in the
     start shape 3 times in 4, and drafts that favour it (stop tokens accepted mid-round,
-    min_tokens and thinking budgets ending inside a round). Every weighted choice still shrinks toward
+    min_tokens and thinking budgets ending inside a round); ``long``: max_tokens at its largest
+    half of the time (rounds that reach their bonus token). Every weighted choice still shrinks toward
     its simplest value."""
 
     k_weights: tuple[int, ...] = (1, 3, 3)
@@ -47,6 +48,7 @@ class Steer:
     near: bool = True
     truncated: bool = False
     stop: bool = False
+    long: bool = False
 
     def k(self, draw, values: list[int]) -> int:
         """K among ``values`` (ascending), weighted by ``k_weights``; shrinks to the smallest."""
@@ -375,9 +377,9 @@ def _reduced_draft_sampling(draw, spec: SpecConfig, V: int, width: int, knobs: d
 
 
 def _max_tokens(draw, lo: int, hi: int, steer: Steer | None) -> int:
-    """max_tokens in [lo, hi]; steered, ``hi`` half of the time (room for rounds that reach
-    their bonus token), else uniform (short outputs cut rounds: event max_tokens_cut)."""
-    if steer is not None and hi > lo and draw(st.booleans()):
+    """max_tokens in [lo, hi]; with ``steer.long``, ``hi`` half of the time (room for rounds that
+    reach their bonus token), else uniform (short outputs cut rounds: event max_tokens_cut)."""
+    if steer is not None and steer.long and hi > lo and draw(st.booleans()):
         return hi
     return draw(st.integers(lo, hi))
 

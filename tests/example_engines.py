@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from specfuzz.engines.base import Completion, EngineConfig, Request
+from specfuzz.engines.llamacpp_engine import LlamaCppEngine
 from specfuzz.engines.reference_engine import ReferenceEngine
 from specfuzz.oracle.speculative import Coin, Draw, MonteCarloDriver, RoundResult, SpeculativeProcess
 
@@ -579,4 +580,31 @@ class MinPIgnoredEngine(ReferenceEngine):
 
         if self._spec is not None:
             requests = [replace(r, params=replace(r.params, min_p=0.0)) for r in requests]
+        return super().generate(requests)
+
+
+# ----------------------------------------------------------------------------- llama.cpp wrappers
+
+
+class SynthAcceptLlamaCpp(LlamaCppEngine):
+    """llama-server with its benchmarking-only synthetic acceptance (``--spec-synth-len``):
+    drafts are accepted at random instead of by agreement with the target's sample, a broken
+    acceptance rule that a campaign must find."""
+
+    name = "llama.cpp+synth-accept"
+
+    def __init__(self, **settings):
+        super().__init__(**{"extra_args": ["--spec-synth-len", "1.5"], **settings})
+
+
+class DyingLlamaCpp(LlamaCppEngine):
+    """llama-server killed (SIGKILL) as the first sampling call begins: the call must end in a
+    crash naming the server, never in counts."""
+
+    name = "llama.cpp+dying"
+
+    def generate(self, requests):
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
         return super().generate(requests)

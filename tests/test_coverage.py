@@ -62,10 +62,12 @@ def test_steer_favours_the_highest_thin_position_and_thin_features():
                         narrower_draft=True)
     s = cov.steer("draft_model", reach, 3)
     assert s.k_weights[2] > s.k_weights[1] > s.k_weights[0] == 1
-    assert {"min_tokens", "top_k", "repetition_penalty"} <= set(s.features) and s.narrower and s.block
-    cov.record([_case(3)], [1000])
+    # Before the method ran a family: no costly lever (narrower drafts, long outputs).
+    assert not (s.narrower or s.long) and s.near and s.block and {"min_tokens", "top_k"} <= set(s.features)
+    cov.record([_case(1)], [1000])
     s2 = cov.steer("draft_model", reach, 3)
-    assert s2.k_weights[2] >= s2.k_weights[0]
+    assert s2.k_weights[2] > s2.k_weights[0] == 1
+    assert {"min_tokens", "top_k", "repetition_penalty"} <= set(s2.features) and s2.narrower and s2.block and s2.long
 
 
 def test_family_is_multi_position():

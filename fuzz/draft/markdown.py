@@ -29,7 +29,8 @@ def _engine_title(data: DraftData) -> str:
     if data.engine_kind == "reference":
         inj = f" (bug {data.inject} injected)" if data.inject else ""
         return f"specfuzz reference sampler {v or ''}{inj}".replace("  ", " ")
-    pretty = {"vllm": "vLLM", "sglang": "SGLang", "hf-transformers": "transformers"}.get(name, name)
+    pretty = {"vllm": "vLLM", "sglang": "SGLang", "hf-transformers": "transformers",
+              "llama.cpp": "llama.cpp (llama-cpp-python)"}.get(name, name)
     return f"{pretty} {v}" if v else pretty
 
 
@@ -375,6 +376,8 @@ def _repro_instructions(data: DraftData, samples: int) -> list[str]:
         "mlx": (f"pip install numpy safetensors 'mlx[cpu]' mlx-lm=={ver}   # on macOS: mlx, not mlx[cpu]" if ver
                 else "pip install numpy safetensors 'mlx[cpu]' mlx-lm"),
         "generic": "pip install numpy safetensors   # plus specfuzz and the engine",
+        "llamacpp": (f"pip install numpy safetensors gguf   # and llama-server: llama.cpp as vendored by llama-cpp-python=={ver}, "
+                     "built with `cmake -B build && cmake --build build --target llama-server`; then --server PATH"),
     }[k]
     if data.is_crash:
         return ["`repro.py` is one standalone file: it writes the checkpoint(s) above into a temporary folder, runs "

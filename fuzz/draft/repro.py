@@ -179,7 +179,7 @@ def default_samples(data: DraftData) -> int:
 # The template of each engine's part, and what the script needs besides numpy and safetensors.
 ENGINE_TEMPLATES: dict[str, str] = {
     "reference": "repro_reference.py", "vllm": "repro_vllm.py", "sglang": "repro_sglang.py",
-    "hf-transformers": "repro_hf.py", "mlx": "repro_mlx.py", "generic": "repro_generic.py",
+    "hf-transformers": "repro_hf.py", "mlx": "repro_mlx.py", "generic": "repro_generic.py", "llamacpp": "repro_llamacpp.py",
 }
 NEEDS: dict[str, str] = {
     "reference": "numpy, safetensors and specfuzz (its reference sampler is the engine)",
@@ -187,6 +187,7 @@ NEEDS: dict[str, str] = {
     "hf-transformers": "numpy, safetensors, torch and transformers",
     "mlx": "numpy, safetensors and mlx-lm (with mlx; on Linux its CPU build, mlx[cpu])",
     "generic": "numpy, safetensors, specfuzz and the engine",
+    "llamacpp": "numpy, safetensors, gguf and a llama-server binary (llama.cpp)",
 }
 TEMPLATES_PACKAGE = "specfuzz.fuzz.draft.templates"
 BEGIN = "# ---- repro.py begins ----\n"
