@@ -111,7 +111,7 @@ def _store_regression(store_dir: Path, entry, ct, judgement) -> None:
 @click.command("check")
 @click.argument("case_file", type=click.Path(path_type=Path))
 @click.option("--engine", default=None, type=ENGINE,
-              help="reference, vllm, hf, sglang, llamacpp, or package.module:Class. Default: the best engine installed here "
+              help="reference, vllm, hf, sglang, llamacpp, mlx, or package.module:Class. Default: the best engine installed here "
                    "(as for fuzz); with --inject: reference.")
 @click.option("--inject", default=None, type=bug_choice(), help="Reference engine only: inject a catalogued bug (N1..N7).")
 @click.option("--samples", default=4000, show_default=True, type=COUNT, help="Samples per run (fewer if the verdict fails earlier).")
@@ -220,7 +220,7 @@ def _logits_prompt(vocab: int) -> list[int]:
 
 @click.command("calibrate")
 @click.option("--engine", default=None, type=ENGINE,
-              help="reference, vllm, hf, sglang, llamacpp, or package.module:Class. Default: the best engine installed here "
+              help="reference, vllm, hf, sglang, llamacpp, mlx, or package.module:Class. Default: the best engine installed here "
                    "(as for fuzz); with --inject: reference.")
 @click.option("--samples", default=3000, show_default=True, type=COUNT)
 @click.option("--alpha", default=1e-3, show_default=True, type=ALPHA)

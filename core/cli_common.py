@@ -89,7 +89,7 @@ def engine_kwargs_for(engine: str, inject: str | None) -> dict:
     return {"inject": inject}
 
 
-ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm", "sglang": "sglang", "llama.cpp": "llamacpp"}
+ENGINE_NAMES = {"hf-transformers": "hf", "vllm": "vllm", "sglang": "sglang", "llama.cpp": "llamacpp", "mlx-lm": "mlx"}
 
 
 def engine_for_entry(entry) -> tuple[str, dict]:
@@ -104,6 +104,6 @@ def engine_for_entry(entry) -> tuple[str, dict]:
     if spec:
         return spec, {}
     raise click.UsageError(f"entry engine {name!r}: cannot tell how to start it; pass --engine "
-                           "(reference, vllm, hf, sglang, llamacpp or package.module:Class)")
+                           "(reference, vllm, hf, sglang, llamacpp, mlx or package.module:Class)")
 
 

@@ -29,7 +29,7 @@ from specfuzz.oracle.budget import SCREEN_ALPHA
                                        "--help"])
 @click.option("--budget", default="60s", show_default=True, type=DURATION, help="Time budget: 90s, 10m, 2h, 1h30m.")
 @click.option("--engine", default=None, type=ENGINE,
-              help="reference, vllm, hf, sglang, llamacpp, or package.module:Class. Default: the best engine installed here "
+              help="reference, vllm, hf, sglang, llamacpp, mlx, or package.module:Class. Default: the best engine installed here "
                    "(SGLang or vLLM on a GPU, vLLM's CPU build, HF transformers; the first output line says which); "
                    "with --inject: reference.")
 @click.option("--inject", default=None, type=bug_choice(),

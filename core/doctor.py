@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 # Engines probed when none is named.
-DEFAULT_ENGINES = ("reference", "hf", "vllm", "sglang", "llamacpp")
+DEFAULT_ENGINES = ("reference", "hf", "vllm", "sglang", "llamacpp", "mlx")
 # Files the installed package must carry (package, resource), besides the repro templates.
 PACKAGE_FILES = (("specfuzz.schemas", "results-schema.json"), ("specfuzz.schemas", "triage-schema.json"))
 

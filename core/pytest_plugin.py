@@ -42,7 +42,7 @@ MIN_SLICE_S = 5.0
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("specfuzz", "specfuzz: is the engine's speculative decoding lossless?")
     g.addoption("--specfuzz-engine", default=None, metavar="ENGINE",
-                help="Fuzz this engine (reference, vllm, hf, sglang, or package.module:Class); the plugin is inactive without it.")
+                help="Fuzz this engine (reference, vllm, hf, sglang, mlx, or package.module:Class); the plugin is inactive without it.")
     g.addoption("--specfuzz-budget", default="60s", metavar="DURATION",
                 help="Total time for all specfuzz items (90s, 5m, 1h); each item gets what is left over the items left. Default 60s.")
     g.addoption("--specfuzz-method", action="append", default=[], metavar="METHOD",

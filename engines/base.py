@@ -349,6 +349,28 @@ def read_config(path: Path | str, name: str) -> dict:
         raise InvalidInput(name, str(path), f"a checkpoint folder with a readable config.json ({exc})") from None
 
 
+def refuse_unsupported(params: SamplingParams, unsupported: Mapping[str, object], engine: str, vocab_size: int) -> None:
+    """Raise InvalidInput for the first field of ``unsupported`` (name -> its off value) that
+    ``params`` sets, naming ``engine``, or for a token id outside ``[0, vocab_size)``."""
+    for name, off in unsupported.items():
+        value = getattr(params, name)
+        if value != off:
+            raise InvalidInput(name, value, f"{off!r} (off): {engine} has no {name}")
+    params.check_vocab(vocab_size)
+
+
+def check_speculation(spec: object, methods: Sequence[str], engine: str) -> None:
+    """Raise InvalidInput unless ``spec`` is a SpecConfig of one of ``methods`` with K >= 1
+    (``engine``: what the engine's methods are, for the message)."""
+    if not isinstance(spec, SpecConfig):
+        raise InvalidInput("speculation", type(spec).__name__, "None or a SpecConfig")
+    if spec.method not in methods:
+        raise InvalidInput("speculation method", spec.method, f"one of {tuple(methods)} ({engine})")
+    K = spec.num_speculative_tokens
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise InvalidInput("num_speculative_tokens", K, "an integer >= 1")
+
+
 def merged_settings(table: Mapping[str, tuple[Any, str]], *layers: Mapping[str, Any],
                     passthrough: Sequence[str] = ()) -> dict[str, Any]:
     """An adapter's engine settings: ``table``'s defaults (name -> (default, what is allowed)),

@@ -58,11 +58,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from specfuzz.engines.base import Capabilities, Completion, Engine, EngineConfig, Request, merged_settings
+from specfuzz.engines.base import (
+    Capabilities, Completion, Engine, EngineConfig, Request, check_speculation, merged_settings, refuse_unsupported,
+)
 from specfuzz.errors import InvalidInput
 from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.semantics import HF_UNSUPPORTED
-from specfuzz.oracle.speculative import SpecConfig
 
 ENGINE_NAME = "hf-transformers"
 METHODS = ("draft_model", "ngram")
@@ -133,11 +134,7 @@ def eos_ids(params: SamplingParams, eos_token_id: int | None) -> list[int]:
 
 def check_params(params: SamplingParams, vocab_size: int) -> None:
     """Raise InvalidInput for a parameter HF transformers cannot express."""
-    for name, off in HF_UNSUPPORTED.items():
-        value = getattr(params, name)
-        if value != off:
-            raise InvalidInput(name, value, f"{off!r} (off): HF transformers has no {name}")
-    params.check_vocab(vocab_size)
+    refuse_unsupported(params, HF_UNSUPPORTED, "HF transformers", vocab_size)
 
 
 def generation_kwargs(params: SamplingParams, eos_token_id: int | None, vocab_size: int) -> dict[str, Any]:
@@ -324,13 +321,7 @@ class HFEngine(Engine):
         plan: dict[str, Any] = {"settings": settings, "vocab_size": V, "eos": _eos_of(tcfg), "universal": False}
         if spec is None:
             return plan
-        if not isinstance(spec, SpecConfig):
-            raise InvalidInput("speculation", type(spec).__name__, "None or a SpecConfig")
-        if spec.method not in METHODS:
-            raise InvalidInput("speculation method", spec.method, f"one of {METHODS} (HF: assisted generation, prompt lookup)")
-        K = spec.num_speculative_tokens
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise InvalidInput("num_speculative_tokens", K, "an integer >= 1")
+        check_speculation(spec, METHODS, "HF: assisted generation, prompt lookup")
         if spec.verify != "token":
             raise InvalidInput("verify", spec.verify, "'token' (HF verifies token by token)")
         if spec.inject is not None:

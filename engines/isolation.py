@@ -52,6 +52,7 @@ BUILTIN_ENGINES = {
     "hf": "specfuzz.engines.hf_engine:HFEngine",
     "sglang": "specfuzz.engines.sglang_engine:SGLangEngine",
     "llamacpp": "specfuzz.engines.llamacpp_engine:LlamaCppEngine",
+    "mlx": "specfuzz.engines.mlx_engine:MLXEngine",
 }
 # Engines (resolved ``module:Class``) that start multiprocessing children of their own and
 # so need a non-daemon child process (see the module docstring).

@@ -89,10 +89,12 @@ ENGINE_PACKAGES: dict[str, EnginePackage] = {
     # A llama-cpp-python release is "installed" as the llama-server built from its sdist's
     # vendored llama.cpp (ReleaseEnvs.ensure -> _llama_server_env), not as Python bindings.
     "llama-cpp-python": EnginePackage("llamacpp"),
+    # mlx-lm pins mlx only on macOS; on Linux the adapter needs MLX's CPU build (mlx[cpu]).
+    "mlx-lm": EnginePackage("mlx", requires=("mlx[cpu]", "safetensors")),
 }
 # Stored engine names (Entry.engine["name"]) -> the package their releases come from.
 ENTRY_ENGINE_PACKAGES = {"hf-transformers": "transformers", "hf": "transformers", "sglang": "sglang",
-                         "llama.cpp": "llama-cpp-python"}
+                         "llama.cpp": "llama-cpp-python", "mlx-lm": "mlx-lm"}
 
 
 def package_for_entry(engine: Mapping) -> str | None:

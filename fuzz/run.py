@@ -41,6 +41,7 @@ class CaseRun:
     launch: dict | None = None  # what the adapter applied to the engine (launch_record)
     call_requests: int = 0  # requests of the largest generate call of the run
     call_prompt_tokens: int | None = None  # the split the run's calls kept to (run_family)
+    profile: str = "vllm"  # the semantics profile μ was computed under
 
     @property
     def failed(self) -> bool:
@@ -197,7 +198,7 @@ def run_family(
             tests, pending = pending.result(), None
         return tests
 
-    runs = [CaseRun(c, None, dtype=dtype) for c in cases]
+    runs = [CaseRun(c, None, dtype=dtype, profile=profile) for c in cases]
     unseeded = list(unseeded or [False] * len(cases))
     thresholds = [math.log(1 / a) for a in alphas]
     # The context length holds the family's longest pattern, not only the first one's.
@@ -362,7 +363,7 @@ def finding_entry(engine_version: dict, run: CaseRun, calibration: CaseRun | Non
         calibration=None if calibration is None or calibration.judgement is None else calibration.judgement.verdict.to_dict(),
         evidence=j.verdict.evidence,
         extra={"broken_condition": j.broken_condition, "optimal_samples": j.to_json()["optimal_samples"],
-               "dtype": run.dtype, "engine_default": _engine_default(run.case),
+               "dtype": run.dtype, "engine_default": _engine_default(run.case), "profile": run.profile,
                "acceptance": {"proposed": run.proposed, "accepted": run.accepted},
                **({"launch": run.launch} if run.launch is not None else {}),
                **({"call_prompt_tokens": run.call_prompt_tokens} if run.call_prompt_tokens else {}),

@@ -116,14 +116,14 @@ def load_corpus(root: Path | str) -> tuple[list[tuple[Path, Entry]], list[Skippe
 
 def profile_for(entry: Entry) -> str:
     """The semantics profile μ is computed under: the one recorded with the entry, else
-    "hf" for HF transformers, "sglang" for SGLang, "vllm" for the rest."""
+    "hf" for HF transformers, "sglang" for SGLang, "mlx" for mlx-lm, "vllm" for the rest."""
     stored = entry.extra.get("profile")
     if isinstance(stored, str) and stored:
         return stored
     name = str(entry.engine.get("name", ""))
     if name in HF_ENGINE_NAMES:
         return "hf"
-    return {"sglang": "sglang", "llama.cpp": "llamacpp"}.get(name, "vllm")
+    return {"sglang": "sglang", "llama.cpp": "llamacpp", "mlx-lm": "mlx"}.get(name, "vllm")
 
 
 def engine_label(entry: Entry) -> str:

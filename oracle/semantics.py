@@ -58,6 +58,13 @@ output → top-k → top-p (the shortest prefix reaching ``top_p``) → min-p �
 → softmax. No allowed tokens, bad words, min_tokens, stop token ids, constraints or thinking
 budgets. See :mod:`.semantics_llamacpp`.
 
+The ``"mlx"`` profile (:class:`~.semantics_mlx.MLXProfile`, mlx-lm)
+--------------------------------------------------------------------
+logit bias → repetition, presence, frequency penalties over the last 20 tokens of prompt +
+output → greedy argmax, or top-p → min-p → top-k decided on the temperature-1 distribution,
+then temperature → softmax. No min_tokens, allowed tokens, bad words, constraints or thinking
+budgets. See :mod:`.semantics_mlx`.
+
 Masked means ``-inf``. Stopping (not part of the profile): after token ``v`` the output
 is complete if ``v`` is EOS (and not ``ignore_eos``) or in ``stop_token_ids``, or it has
 ``max_tokens`` tokens.
@@ -97,8 +104,9 @@ Decisions beyond the engine's documentation (all profiles so far):
 
 Where it lives: the request's constants and a prefix's processor state and the
 :class:`Profile` interface in :mod:`specfuzz.oracle.profile`; the steps as pure functions in
-:mod:`specfuzz.oracle.steps`; the three profiles in :mod:`specfuzz.oracle.profiles`. This
-module names them (:data:`PROFILES`, :func:`get_profile`).
+:mod:`specfuzz.oracle.steps`; the vLLM, HF and SGLang profiles in :mod:`specfuzz.oracle.profiles`, the
+llama.cpp and mlx profiles in :mod:`.semantics_llamacpp` and :mod:`.semantics_mlx`. This module
+names them (:data:`PROFILES`, :func:`get_profile`).
 """
 
 from __future__ import annotations
@@ -108,16 +116,17 @@ from specfuzz.errors import InvalidInput
 from .profile import PROCESSORS, History, Profile, RequestSpec
 from .profiles import HF_PROCESSORS, HF_UNSUPPORTED, SGLANG_UNSUPPORTED, HFProfile, SGLangProfile, VLLMProfile
 from .semantics_llamacpp import LlamaCppProfile
+from .semantics_mlx import MLXProfile
 from .steps import FLOAT32_SOFTMAX_ZERO_GAP, MIN_P_RTOL, NEAR_TIE_RTOL, NEG_INF, TOP_P_ATOL, RowAmbiguity
 
 __all__ = [
     "PROCESSORS", "PROFILES", "History", "Profile", "RequestSpec", "RowAmbiguity", "get_profile",
-    "HFProfile", "SGLangProfile", "VLLMProfile", "HF_PROCESSORS", "HF_UNSUPPORTED", "SGLANG_UNSUPPORTED",
+    "HFProfile", "MLXProfile", "SGLangProfile", "VLLMProfile", "HF_PROCESSORS", "HF_UNSUPPORTED", "SGLANG_UNSUPPORTED",
     "FLOAT32_SOFTMAX_ZERO_GAP", "MIN_P_RTOL", "NEAR_TIE_RTOL", "NEG_INF", "TOP_P_ATOL",
 ]
 
 PROFILES: dict[str, type[Profile]] = {"vllm": VLLMProfile, "hf": HFProfile, "sglang": SGLangProfile,
-                                      "llamacpp": LlamaCppProfile}
+                                      "llamacpp": LlamaCppProfile, "mlx": MLXProfile}
 
 
 def get_profile(profile: "str | Profile") -> Profile:

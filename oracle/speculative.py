@@ -569,8 +569,10 @@ class SpeculativeProcess:
             self._at_position(res, outs[i], i, ps[i], verifying=True)
             qd = qs[i][d] if d >= 0 else 1.0
             pd = ps[i][d] if d >= 0 else ps[i][self.V - 1]
-            if d >= 0 and qd > 0 and self.record_events and self._truncated(outs[i], d, ps[i]):
+            if d >= 0 and qd > 0 and (self.record_events or inject == "M12") and self._truncated(outs[i], d, ps[i]):
                 self._note(res, "draft_truncated")
+                if inject == "M12":
+                    pd = float(self._untruncated.conditional(outs[i])[d])
             carried = 1.0 if inject == "M07" else w[-1]  # M07: the weight is not carried over positions
             w.append(min(1.0, carried * pd / qd) if qd > 0 else 0.0)
         if any(x < 1.0 for x in w[1:K]):
@@ -627,6 +629,13 @@ class SpeculativeProcess:
                     res.events.append("draft_truncated")
                 if len(out) + 1 >= self.max_tokens and any(path + (c,) in children for c in kids):
                     res.events.append("max_tokens_cut")
+            if inject == "M12" and any(c >= 0 and self._truncated(out, c, p) for c in kids):
+                # M12: the children are tested against the untruncated p
+                full = self._untruncated.conditional(out)  # [V]
+                p = p.copy()
+                for c in kids:
+                    if 0 <= c < self.V and p[c] == 0:
+                        p[c] = float(full[c])
             if not kids:
                 if path:
                     self._note(res, f"tree_leaf@{len(path)}")

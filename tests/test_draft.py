@@ -201,6 +201,7 @@ def _engine_entry(tmp_path: Path, engine: dict, bug: str = "N7", **extra) -> Pat
     ({"name": "sglang", "version": "0.5.17", "torch": "2.11.0+cu130", "device": "cuda NVIDIA H200"},
      "sglang.Engine(**with_checkpoints(kwargs, dirs))"),
     ({"name": "hf-transformers", "version": "5.19.0", "torch": "2.13.0+cpu", "device": "cpu"}, "model.generate("),
+    ({"name": "mlx-lm", "version": "0.32.2", "mlx": "0.32.4", "device": "cpu"}, "stream_generate(model, tokenizer"),
     ({"name": "my-engine", "version": "1.0", "engine_spec": "pkg.mod:Engine"}, "load_engine_class"),
 ])
 def test_each_engine_gets_its_own_repro_template(tmp_path, engine, marker):

@@ -118,7 +118,7 @@ class DraftData:
 
 
 def engine_kind(entry: Entry) -> str:
-    """The repro template for the entry's engine: reference, vllm, sglang, hf-transformers, llamacpp, generic."""
+    """The repro template for the entry's engine: reference, vllm, sglang, hf-transformers, llamacpp, mlx, generic."""
     name = str(entry.engine.get("name", ""))
     if name.startswith("reference") or entry.kind == "regression":
         return "reference"
@@ -128,6 +128,8 @@ def engine_kind(entry: Entry) -> str:
         return "hf-transformers"
     if name == "llama.cpp":
         return "llamacpp"
+    if name == "mlx-lm":
+        return "mlx"
     return "generic"
 
 

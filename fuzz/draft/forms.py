@@ -44,6 +44,9 @@ FORMS: dict[str, Form] = {
                      "https://github.com/ggml-org/llama.cpp/issues/new?template=011-bug-results.yml", "llama-server --version",
                      (("-c", "import subprocess; r = subprocess.run(['llama-server', '--version'], capture_output=True, "
                              "text=True); print(r.stdout + r.stderr)"),)),
+    "mlx": Form("mlx-lm", "", (), "https://github.com/ml-explore/mlx-lm/issues/new", "python -c (mlx, mlx-lm versions)",
+                (("-c", "import platform, mlx.core as mx, mlx_lm; print(platform.platform(), '| mlx', mx.__version__, "
+                        "'| mlx-lm', mlx_lm.__version__, '|', mx.default_device())"),)),
     "reference": Form("specfuzz", "", (), "", "python -m specfuzz --version", (("-m", "specfuzz", "--version"),)),
     "generic": Form("the engine", "", (), "", "pip list", (("-m", "pip", "list"),)),
 }

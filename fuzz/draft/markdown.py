@@ -294,6 +294,7 @@ def _run_lines(data: DraftData, samples: int, lines: int) -> list[str]:
                "pip install numpy specfuzz" if k == "reference" else
                (f"pip install numpy gguf   # and llama-server: llama.cpp as vendored by llama-cpp-python=={ver} (cmake -B build "
                 "&& cmake --build build --target llama-server), then python repro.py --server PATH") if k == "llamacpp" else
+               f"pip install torch safetensors 'mlx[cpu]' mlx-lm=={ver}   # on macOS: mlx, not mlx[cpu]" if k == "mlx" else
                "pip install specfuzz  # plus the engine")
     what = ("runs the requests that crashed the engine and ends with `FAIL` when it crashes" if data.is_crash else
             f"samples the request ({samples} samples at most, stopping once the evidence is decisive), prints observed "

@@ -45,6 +45,8 @@ def sampling_for(data, params, prompt: list[int] | None = None) -> tuple[dict, d
             return _hf(data, req)
         if k == "llamacpp":
             return _llamacpp(data, req)
+        if k == "mlx":
+            return _mlx(data, req)
     except SpecfuzzError as exc:
         raise DraftError(f"{data.stem}: the request cannot be mapped to the engine's arguments: {exc}") from None
     spec = None if case.spec is None else {**case.spec.to_json(), "inject": None}
@@ -101,3 +103,15 @@ def _llamacpp(data, req: Request) -> tuple[dict, dict]:
     body.pop("prompt", None)
     body.pop("seed", None)
     return body, {"SERVER_ARGS": server_args(config, Path("{target}"), draft, s), "SLOTS": int(s["slots"])}
+
+
+def _mlx(data, req: Request) -> tuple[dict, dict]:
+    from specfuzz.engines.mlx_engine import SETTINGS, sampling_args, stop_ids
+
+    case = data.case
+    s = {name: default for name, (default, _) in SETTINGS.items()} | dict(data.settings)
+    sampler, procs = sampling_args(req.params, case.vocab_size)
+    spec = case.spec
+    k = None if spec is None or spec.engine_default else int(spec.num_speculative_tokens)
+    return ({"sampler": sampler, "processors": procs, "stop_ids": sorted(stop_ids(req.params, case.eos_token_id))},
+            {"DRAFT_TOKENS": k, "PREFILL_STEP_SIZE": s["prefill_step_size"], "ENGINE_SEED": s["seed"]})

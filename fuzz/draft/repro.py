@@ -44,17 +44,18 @@ RARE_REPRO_SAMPLES = 20_000
 # py-spy dumps and a wait of up to 60 s for CUDA core dumps held a failing crash repro for minutes.
 SGLANG_DIAGNOSTICS_OFF = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 # Requests per engine call of entries that do not record their failing run's batch.
-DEFAULT_BATCH = {"reference": 250, "vllm": 200, "sglang": 200, "hf-transformers": 100, "generic": 200, "llamacpp": 200}
+DEFAULT_BATCH = {"reference": 250, "vllm": 200, "sglang": 200, "hf-transformers": 100, "generic": 200, "llamacpp": 200, "mlx": 100}
 # The template of each engine's part, and what the script needs.
 ENGINE_TEMPLATES: dict[str, str] = {
     "reference": "repro_reference.py", "vllm": "repro_vllm.py", "sglang": "repro_sglang.py",
-    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py", "llamacpp": "repro_llamacpp.py",
+    "hf-transformers": "repro_hf.py", "generic": "repro_generic.py", "llamacpp": "repro_llamacpp.py", "mlx": "repro_mlx.py",
 }
 NEEDS: dict[str, str] = {
     "reference": "numpy and specfuzz (its reference sampler is the engine)",
     "vllm": "vLLM (with its torch and safetensors)", "sglang": "SGLang (with its torch and safetensors)",
     "hf-transformers": "torch, safetensors and transformers", "generic": "torch, safetensors, specfuzz and the engine",
     "llamacpp": "numpy, gguf and a llama-server binary (llama.cpp)",
+    "mlx": "mlx-lm (with mlx; on Linux mlx[cpu]) and torch and safetensors to write the checkpoints",
 }
 # The end of the docstring: what the script checks (a distribution finding, a crash).
 WHAT = {False: "tests the outputs against EXPECTED, the exact law mu\nof the request: FAIL (the outputs do not follow mu) or PASS.",
@@ -107,6 +108,9 @@ DATA_NOTES = {
     "DRAFT_GGUF": "the draft model's GGUF, likewise",
     "SERVER_ARGS": "llama-server's options as specfuzz's adapter passed them",
     "SLOTS": "llama-server -np: requests served at once",
+    "DRAFT_TOKENS": "num_draft_tokens (None: mlx-lm's default)",
+    "PREFILL_STEP_SIZE": "stream_generate's prefill_step_size (None: mlx-lm's default)",
+    "ENGINE_SEED": "the adapter's seed of mlx's global random state at start",
 }
 
 
@@ -122,11 +126,11 @@ def features(data: DraftData, d: dict) -> set[str]:
     """The template sections a finding's script keeps."""
     k = data.engine_kind
     f = {"crash"} if data.is_crash else set()
-    if k in ("vllm", "sglang", "hf-transformers", "generic"):
+    if k in ("vllm", "sglang", "hf-transformers", "generic", "mlx"):
         f.add("checkpoints")
     if k in ("vllm", "sglang"):
         f.add("launch")
-    if k in ("reference", "generic", "llamacpp"):
+    if k in ("reference", "generic", "llamacpp", "mlx"):
         f.add("own_arguments")
     if "checkpoints" in f or "crash" in f or k == "llamacpp":
         f.add("needs_os")

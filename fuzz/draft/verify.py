@@ -72,7 +72,7 @@ ENV_TIMEOUT_S = 240.0
 SECTION = "### Verification"
 # The engine a repro ran, from the first word of its "engine: " line.
 ENGINE_WORDS = {"vLLM": "vllm", "SGLang": "sglang", "transformers": "hf-transformers", "specfuzz": "reference",
-                "llama-server": "llamacpp"}
+                "llama-server": "llamacpp", "mlx-lm": "mlx"}
 OUTCOMES = ("PASS", "FAIL", "crash", "timeout")
 
 
