@@ -123,6 +123,10 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         # probability in any pattern and its expected occurrences over the samples drawn.
         self.coverage = Coverage(self.totals.setdefault("coverage", {}))
         self._steer = None  # the current search's Steer
+        # Methods whose last search ended by a stored crash (its start shape kills the engine):
+        # their next search retreats to the method's simplest shape, unsteered, since steering
+        # knows nothing of crashes and would draw the multi-position shapes that crashed again.
+        self._retreat: set[str] = set()
         self._base = {k: self.totals["engine"][k] for k in ENGINE_COUNTERS}  # from earlier runs
         self.events_path = self.state_dir / "events.jsonl"
         self._engines: list[IsolatedEngine] = [self.engine]
@@ -276,7 +280,8 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         """The start shape of the ``index``-th search (1-based): the method turns with the
         index (worker ``w`` of ``N`` in a ``--workers`` campaign starts at method w*n/N of n); each method's first search and every DEFAULT_EVERY-th search after run it at
         the engine's defaults (where the engine states them); V, EOS, K and the knobs are
-        drawn (the first search of a method draws its simplest shape)."""
+        drawn, steered toward thinly covered speculation events (unsteered, the first search of a
+        method draws its simplest shape, as does the search after one ended by a stored crash)."""
         caps = self.engine.capabilities()
         self._profile = caps.profile
         self._warm_spares()
@@ -299,13 +304,15 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         self.coverage.drain()
         reach = self.reach(method)
         self.coverage.set_reach(method, reach)
-        self._steer = self.coverage.steer(method, reach, self.cfg.max_k) if self.cfg.steer else None
+        retreat = method in self._retreat
+        self._retreat.discard(method)
+        self._steer = self.coverage.steer(method, reach, self.cfg.max_k) if self.cfg.steer and not retreat else None
         strategy = start_shapes(
             methods=(method,), draft_vocab=caps.draft_vocab, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
             spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"),
             steer=self._steer, **common,
         )
-        return draw_example(strategy, seed, simplest=i < n and self._steer is None)
+        return draw_example(strategy, seed, simplest=(i < n and self._steer is None) or retreat)
 
     def reach(self, method: str) -> dict[str, str | None]:
         """The speculation events ``method`` can reach on this engine (fuzz/coverage.py)."""

@@ -289,6 +289,8 @@ class Search:
                     # families meet one stored crash in a row, each after an engine start):
                     # on to the next search (e.g. SGLang 0.5.17's tree drafting with fewer draft
                     # tokens than steps + 1, crash-a2f0, crashes every family of its shape).
+                    if c.shape is not None and c.shape.spec is not None:
+                        c._retreat.add(c.shape.spec.method)
                     c._log_event({"event": "search ended by a stored crash", "crashes": len(self.known_in_row),
                                   "crash": key, "entry": str(c.crash_entries.get(key, ""))})
                     c.on_event(f"search ended: its families crashed the engine {len(self.known_in_row)} times in a row "

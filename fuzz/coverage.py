@@ -225,10 +225,11 @@ class Coverage:
         return sorted(out, key=lambda e: (events.get(e, (0.0, 0.0))[0], _event_order(e)))
 
     def steer(self, method: str, reach: Mapping[str, str | None], max_k: int):
-        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``. Two levers
-        cost engine time, narrower drafts (HF runs universal assisted generation for them) and
-        long outputs: they wait until the method has run a family, and its own coverage says
-        which events need them."""
+        """The :class:`~specfuzz.strategies.Steer` for the next search of ``method``. Narrower
+        drafts cost engine time (HF runs universal assisted generation for them): that lever
+        waits until the method has run a family and its own coverage says which events need it.
+        Long outputs (max_tokens at its cap half of the time) are pulled whenever a bonus or a
+        leaf past the first position is thin: no round reaches one in fewer tokens."""
         from specfuzz.strategies import Steer
 
         thin = set(self.thin(method, reach))
@@ -256,7 +257,7 @@ class Coverage:
             near="residual_small" in thin or any((position(e) or 0) >= 2 for e in thin),
             truncated="draft_truncated" in thin,
             stop=bool(thin & {"stop_mid_round", "lag:min_tokens", "lag:thinking"}),
-            long=not first and any(e.startswith(("bonus@", "tree_leaf@")) and (position(e) or 0) >= 2 for e in thin),
+            long=any(e.startswith(("bonus@", "tree_leaf@")) and (position(e) or 0) >= 2 for e in thin),
         )
 
 

@@ -376,6 +376,19 @@ def _reduced_draft_sampling(draw, spec: SpecConfig, V: int, width: int, knobs: d
     return dataclasses.replace(spec, draft_sampling=draw(st.sampled_from(list(allowed))))
 
 
+def _max_tokens_floor(max_tokens: int, min_tokens_speculating: int, spec: SpecConfig | None,
+                      steer: Steer | None) -> int:
+    """The least max_tokens a pattern draws: 1 without speculation; with it, the engine's least
+    that speculates; steered on a multi-position shape (K >= 2, or a tree), 2: a pattern of one
+    output token reaches no round past its first position."""
+    if spec is None:
+        return 1
+    lo = min(max_tokens, min_tokens_speculating)
+    if steer is not None and (spec.num_speculative_tokens >= 2 or spec.is_tree):
+        lo = max(lo, min(2, max_tokens))
+    return lo
+
+
 def _max_tokens(draw, lo: int, hi: int, steer: Steer | None) -> int:
     """max_tokens in [lo, hi]; with ``steer.long``, ``hi`` half of the time (room for rounds that
     reach their bonus token), else uniform (short outputs cut rounds: event max_tokens_cut)."""
@@ -392,7 +405,7 @@ def shape_cases(draw, shape: StartShape, max_tokens: int = 3, sampling: frozense
     V = shape.vocab_size
     target = draw(tables(V, V))
     prompt = draw(prompts(V, long=True))
-    lo = min(max_tokens, min_tokens_speculating) if shape.spec is not None else 1
+    lo = _max_tokens_floor(max_tokens, min_tokens_speculating, shape.spec, steer)
     mt = _max_tokens(draw, lo, max_tokens, steer)
     params = draw(sampling_params(V, mt, shape.eos_token_id, sampling, exclusive, steer))
     draft = (draw(draft_tables(target, shape.draft_width, steer, shape.eos_token_id, shape.draft_d2t))
@@ -479,7 +492,8 @@ def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, 
     V = first.vocab_size
     out = [first]
     for _ in range(draw(st.integers(0, max_patterns - 1))):
-        lo = min(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1)) if speculating else 1
+        lo = _max_tokens_floor(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1),
+                               first.spec if speculating else None, kw.get("steer"))
         mt = _max_tokens(draw, lo, kw.get("max_tokens", 3), kw.get("steer"))
         params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING), kw.get("exclusive", ()),
                                       kw.get("steer")))

@@ -98,7 +98,7 @@ def test_campaign_finds_a_bug_it_has_no_catalogue_entry_for(tmp_path, monkeypatc
 
     monkeypatch.setattr(Campaign, "_confirm", spy)
     _, stats = _campaign(tmp_path, 120, engine="example_engines:UncataloguedBugEngine", seed=5, methods=("draft_model",),
-                         max_findings=1)
+                         max_findings=1, steer=False)
     found = [e for e in _entries(tmp_path / "corpus") if e.kind == "finding"]
     assert found, stats
     assert found[0].label == "unknown"

@@ -611,7 +611,7 @@ def test_hypothesis_shrink_on_a_shape_whose_swaps_are_refused_runs_no_restarts(t
     greedy shrinker (its starts prestarted), and the failure is still shrunk and stored."""
     cfg = CampaignConfig(engine="tests.example_engines:RefusingBugEngine", budget_s=40, corpus_dir=tmp_path / "c",
                          methods=("draft_model",), work_dir=tmp_path / "wd", max_samples=2000, max_k=3, seed=1,
-                         spare_engines=False, prestart=False, max_findings=1)
+                         spare_engines=False, prestart=False, max_findings=1, steer=False)
     stats = Campaign(cfg).run()
     state = tmp_path / "c" / ".specfuzz"
     fams = [json.loads(x) for x in (state / "families.jsonl").read_text().splitlines()]
@@ -637,7 +637,7 @@ def test_an_error_of_the_search_s_own_code_is_logged_not_swallowed(tmp_path, mon
     monkeypatch.setattr(Campaign, "_needs_restart", broken)
     cfg = CampaignConfig(engine="tests.example_engines:RefusingBugEngine", budget_s=40, corpus_dir=tmp_path / "c",
                          methods=("draft_model",), work_dir=tmp_path / "wd", max_samples=2000, max_k=3, seed=1,
-                         spare_engines=False, prestart=False, max_findings=1)
+                         spare_engines=False, prestart=False, max_findings=1, steer=False)
     Campaign(cfg).run()
     events = [json.loads(x) for x in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
     raised = [e for e in events if e["event"] == "search code raised"]
