@@ -19,6 +19,7 @@ result, ``extra.bisect``) and a link to the draft.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,9 @@ def what_goes_wrong(root: Path, r: EntryReport) -> str:
     if not isinstance(title, str) or not title.strip():
         p = draft_path(root, r.rel)
         first = p.read_text(encoding="utf-8").splitlines()[0] if p is not None else ""
-        title = first.lstrip("# ").split(": ", 1)[-1] if first else (r.entry.evidence or r.entry.kind)
+        # "# [Bug]: vLLM 0.32.0: what goes wrong": the form's tag, then the engine prefix
+        first = re.sub(r"^\[[^\]]*\]:\s*", "", first.lstrip("# "))
+        title = first.split(": ", 1)[-1] if first else (r.entry.evidence or r.entry.kind)
     line = " ".join(title.replace("|", "/").split())
     line = line if len(line) <= MAX_WHAT else line[: MAX_WHAT - 1].rstrip() + "…"
     up = upstream_of(r.entry)
