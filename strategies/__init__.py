@@ -247,11 +247,14 @@ LONG_PROMPT_MAX = 40
 
 
 @st.composite
-def prompts(draw, V: int, max_len: int = 6, long: bool = False):
+def prompts(draw, V: int, max_len: int = 6, long: bool = False, repeat: bool = False):
     """Prompts; half of them repeat an n-gram so that n-gram drafting fires. ``long``: a
-    quarter of them are long (a motif of up to 8 tokens repeated, up to LONG_PROMPT_MAX)."""
-    if long and draw(st.integers(0, 3)) == 3:
-        motif = draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=8))
+    quarter of them are long (a motif of up to 8 tokens repeated, up to LONG_PROMPT_MAX);
+    with ``repeat`` three quarters (an n-gram drafter proposes several tokens only where an
+    earlier match has several tokens after it)."""
+    if long and draw(st.integers(0, 3)) >= (1 if repeat else 3):
+        # (a motif of one token gives an n-gram drafter one token after its earliest match)
+        motif = draw(st.lists(st.integers(0, V - 1), min_size=2 if repeat else 1, max_size=8))
         n = draw(st.integers(max(2, 12 // len(motif)), max(2, LONG_PROMPT_MAX // len(motif))))
         tail = draw(st.lists(st.integers(0, V - 1), max_size=3))
         return tuple((motif * n + tail)[:LONG_PROMPT_MAX])
@@ -376,6 +379,13 @@ def _reduced_draft_sampling(draw, spec: SpecConfig, V: int, width: int, knobs: d
     return dataclasses.replace(spec, draft_sampling=draw(st.sampled_from(list(allowed))))
 
 
+def _ngram_rounds(spec: SpecConfig | None, steer: Steer | None) -> bool:
+    """Steered n-gram drafting with room for several positions a round: its prompts repeat a
+    motif more often, so that the drafter proposes more than one token."""
+    return (steer is not None and spec is not None and spec.method in ("ngram", "ngram_tree")
+            and (spec.num_speculative_tokens >= 2 or spec.is_tree))
+
+
 def _max_tokens_floor(max_tokens: int, min_tokens_speculating: int, spec: SpecConfig | None,
                       steer: Steer | None) -> int:
     """The least max_tokens a pattern draws: 1 without speculation; with it, the engine's least
@@ -404,7 +414,7 @@ def shape_cases(draw, shape: StartShape, max_tokens: int = 3, sampling: frozense
     """A case of a given start shape: target and draft tables, prompt, request."""
     V = shape.vocab_size
     target = draw(tables(V, V))
-    prompt = draw(prompts(V, long=True))
+    prompt = draw(prompts(V, long=True, repeat=_ngram_rounds(shape.spec, steer)))
     lo = _max_tokens_floor(max_tokens, min_tokens_speculating, shape.spec, steer)
     mt = _max_tokens(draw, lo, max_tokens, steer)
     params = draw(sampling_params(V, mt, shape.eos_token_id, sampling, exclusive, steer))
@@ -497,5 +507,7 @@ def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, 
         mt = _max_tokens(draw, lo, kw.get("max_tokens", 3), kw.get("steer"))
         params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING), kw.get("exclusive", ()),
                                       kw.get("steer")))
-        out.append(first.with_(prompt=draw(prompts(V, long=shape is not None)), params=params))
+        out.append(first.with_(prompt=draw(prompts(V, long=shape is not None,
+                                                    repeat=shape is not None and _ngram_rounds(shape.spec, kw.get("steer")))),
+                               params=params))
     return out
