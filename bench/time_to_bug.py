@@ -113,7 +113,10 @@ def bench_mutants(seeds: int, budget_s: float, only: list[str] | None, steer_mod
 
 
 def _header(budget_s: float, seeds: int) -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip() or None
     return {"bench": "time_to_bug_mutants", "budget_s": budget_s, "seeds": seeds, "date": time.strftime("%Y-%m-%d"),
+            "commit": commit,
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}}
 
 
