@@ -142,7 +142,13 @@ def what_goes_wrong(root: Path, r: EntryReport) -> str:
 
 
 def releases(b: Bug) -> str:
-    """The releases affected, from the first bisected entry of the bug (``extra.bisect``)."""
+    """The releases affected: a diagnosis's own statement (``extra.releases``, where a bisect's
+    verdict needs a correction, e.g. older releases fail the same way with another exception),
+    else the first bisected entry's (``extra.bisect``)."""
+    for r in [b.head] + b.reports:
+        said = r.entry.extra.get("releases")
+        if isinstance(said, str) and said.strip():
+            return " ".join(said.split())
     for r in [b.head] + b.reports:
         bis = r.entry.extra.get("bisect")
         if not isinstance(bis, dict) or not bis.get("first_bad"):
