@@ -285,13 +285,3 @@ def test_the_stored_finding_drafts_a_repro_that_fails(tmp_path):
     assert "from specfuzz" not in repro.read_text()
     proc = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "FAIL", proc.stdout[-2000:] + proc.stderr[-2000:]
-
-
-def test_repro_maps_sampling_like_the_adapter():
-    from specfuzz.fuzz.draft.templates.repro_common import VOCAB_SIZE
-    from specfuzz.fuzz.draft.templates.repro_mlx import mlx_arguments
-
-    for params in (SP(max_tokens=3), SP(temperature=0.0, top_k=2, max_tokens=2),
-                   SP(top_k=1, top_p=0.9, min_p=0.1, repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=-0.5,
-                      logit_bias={1: 2.0}, stop_token_ids=(1,), max_tokens=4)):
-        assert mlx_arguments(params.to_json()) == sampling_args(params, VOCAB_SIZE)

@@ -168,7 +168,7 @@ def test_wheel_installed_outside_the_tree_runs_doctor_a_30_second_campaign_and_t
     res = venv.run([str(venv.bin / "python"), "-m", "pytest", "-p", "no:cacheprovider", "--specfuzz-engine", "reference",
                     "--specfuzz-inject", "N6", "--specfuzz-method", "ngram", "--specfuzz-budget", "120s",
                     "--specfuzz-max-findings", "1", "--specfuzz-corpus", "pc", "--specfuzz-work-dir", "pw"], out)
-    assert res.returncode == 1 and "bug N6 injected" in res.stdout and "## Reproduce" in res.stdout, res.stdout[-3000:]
+    assert res.returncode == 1 and "bug N6 injected" in res.stdout and "### Reproduction" in res.stdout, res.stdout[-3000:]
     assert (out / "pw" / "drafts").is_dir() and list((out / "pw" / "drafts").glob("*/repro.py"))
 
 
