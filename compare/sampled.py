@@ -136,10 +136,16 @@ def merge(parts: Sequence[PitSet]) -> PitSet:
                   [x for p in parts for x in p.impossible], {k: np.concatenate([p.ratios[k] for p in parts]) for k in names})
 
 
+# The exponent of ε is capped here: past e^50 - 1 no departure can be told apart anyway, and a
+# large logit spread at a low temperature would overflow math.expm1.
+MAX_TOLERANCE_EXPONENT = 50.0
+
+
 def tolerance_from_noise(noise: float, temperature: float) -> tuple[float, float]:
-    """``(δ, ε)``: assumed logit error and relative probability tolerance (see the module docstring)."""
+    """``(δ, ε)``: assumed logit error and relative probability tolerance (see the module
+    docstring); ε at most e^MAX_TOLERANCE_EXPONENT - 1 (a test without power)."""
     delta = TOLERANCE_SAFETY * float(noise)
-    return delta, math.expm1(2.0 * delta / float(temperature))
+    return delta, math.expm1(min(2.0 * delta / float(temperature), MAX_TOLERANCE_EXPONENT))
 
 
 def alternative_log_e(ratio: np.ndarray, tolerance: float) -> float:

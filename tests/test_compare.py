@@ -17,7 +17,8 @@ from specfuzz.compare.greedy import edit_distance, first_divergence
 from specfuzz.compare.prompts import builtin_prompts, load_prompts, subset
 from specfuzz.compare.reference import LawSettings, ambiguous_rows, pit_parts, sampling_laws
 from specfuzz.compare.runs import Record
-from specfuzz.compare.sampled import PitSet, alternative_log_e, pit_values, sampled_test
+from specfuzz.compare.sampled import (MAX_TOLERANCE_EXPONENT, PitSet, alternative_log_e, pit_values, sampled_test,
+                                      tolerance_from_noise)
 from specfuzz.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +124,14 @@ def test_resample_from_p_alternative_finds_its_bug_law_and_is_a_martingale_under
     # Under the null E[e] <= 1: the mean e-value over repeats stays near 1, never 1/α.
     assert max(null_logs) < math.log(1e3) and np.mean(np.exp(null_logs)) < 3.0
     assert min(bug_logs) > math.log(1e3)
+
+
+def test_a_logit_spread_far_past_the_temperature_gives_a_finite_tolerance_without_power():
+    """A large rounding spread at a low temperature (vLLM impact runs on the H100) overflowed
+    math.expm1; the tolerance is capped, and a test under it finds nothing."""
+    delta, eps = tolerance_from_noise(50.0, 0.1)
+    assert delta == 500.0 and eps == math.expm1(MAX_TOLERANCE_EXPONENT) and math.isfinite(eps)
+    assert tolerance_from_noise(0.01, 1.0)[1] == pytest.approx(math.expm1(0.2))
 
 
 def test_tolerance_shrinks_evidence_of_a_small_deviation():
