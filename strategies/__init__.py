@@ -379,11 +379,15 @@ def _reduced_draft_sampling(draw, spec: SpecConfig, V: int, width: int, knobs: d
     return dataclasses.replace(spec, draft_sampling=draw(st.sampled_from(list(allowed))))
 
 
+def _steered_multi_round(spec: SpecConfig | None, steer: Steer | None) -> bool:
+    """A steered shape whose rounds can cover several positions (K >= 2, or a tree)."""
+    return steer is not None and spec is not None and (spec.num_speculative_tokens >= 2 or spec.is_tree)
+
+
 def _ngram_rounds(spec: SpecConfig | None, steer: Steer | None) -> bool:
     """Steered n-gram drafting with room for several positions a round: its prompts repeat a
     motif more often, so that the drafter proposes more than one token."""
-    return (steer is not None and spec is not None and spec.method in ("ngram", "ngram_tree")
-            and (spec.num_speculative_tokens >= 2 or spec.is_tree))
+    return _steered_multi_round(spec, steer) and spec.method in ("ngram", "ngram_tree")
 
 
 def _max_tokens_floor(max_tokens: int, min_tokens_speculating: int, spec: SpecConfig | None,
@@ -394,7 +398,7 @@ def _max_tokens_floor(max_tokens: int, min_tokens_speculating: int, spec: SpecCo
     if spec is None:
         return 1
     lo = min(max_tokens, min_tokens_speculating)
-    if steer is not None and (spec.num_speculative_tokens >= 2 or spec.is_tree):
+    if _steered_multi_round(spec, steer):
         lo = max(lo, min(2, max_tokens))
     return lo
 
@@ -501,13 +505,13 @@ def case_families(draw, max_patterns: int = 3, shape: StartShape | None = None, 
         speculating = kw.get("speculation", True)
     V = first.vocab_size
     out = [first]
+    # The same for every further pattern of the family: its least max_tokens and prompt kind.
+    lo = _max_tokens_floor(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1),
+                           first.spec if speculating else None, kw.get("steer"))
+    repeat = shape is not None and _ngram_rounds(shape.spec, kw.get("steer"))
     for _ in range(draw(st.integers(0, max_patterns - 1))):
-        lo = _max_tokens_floor(kw.get("max_tokens", 3), kw.get("min_tokens_speculating", 1),
-                               first.spec if speculating else None, kw.get("steer"))
         mt = _max_tokens(draw, lo, kw.get("max_tokens", 3), kw.get("steer"))
         params = draw(sampling_params(V, mt, first.eos_token_id, kw.get("sampling", ALL_SAMPLING), kw.get("exclusive", ()),
                                       kw.get("steer")))
-        out.append(first.with_(prompt=draw(prompts(V, long=shape is not None,
-                                                    repeat=shape is not None and _ngram_rounds(shape.spec, kw.get("steer")))),
-                               params=params))
+        out.append(first.with_(prompt=draw(prompts(V, long=shape is not None, repeat=repeat)), params=params))
     return out
