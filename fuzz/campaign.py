@@ -81,6 +81,10 @@ FIRST_START_GUESS_S = 30.0
 # After each method's first search (at its engine defaults), every DEFAULT_EVERY-th search
 # runs a method at the engine's defaults.
 DEFAULT_EVERY = 4
+# Every STEER_EXPLORE_EVERY-th search of each method (its 3rd, 6th, ...) runs unsteered:
+# steering favours K >= 2, and bugs that live at K = 1 or in shapes no thin event asks for
+# keep a share of the searches.
+STEER_EXPLORE_EVERY = 3
 # At the end of a campaign, the longest wait for the events of families still being computed.
 COVERAGE_DRAIN_S = 30.0
 
@@ -280,8 +284,9 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         """The start shape of the ``index``-th search (1-based): the method turns with the
         index (worker ``w`` of ``N`` in a ``--workers`` campaign starts at method w*n/N of n); each method's first search and every DEFAULT_EVERY-th search after run it at
         the engine's defaults (where the engine states them); V, EOS, K and the knobs are
-        drawn, steered toward thinly covered speculation events (unsteered, the first search of a
-        method draws its simplest shape, as does the search after one ended by a stored crash)."""
+        drawn, steered toward thinly covered speculation events, except every
+        STEER_EXPLORE_EVERY-th search of a method, which draws uniformly (the search
+        after one ended by a stored crash draws the method's simplest shape, unsteered)."""
         caps = self.engine.capabilities()
         self._profile = caps.profile
         self._warm_spares()
@@ -306,7 +311,9 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
         self.coverage.set_reach(method, reach)
         retreat = method in self._retreat
         self._retreat.discard(method)
-        self._steer = self.coverage.steer(method, reach, self.cfg.max_k) if self.cfg.steer and not retreat else None
+        explore = (i // n) % STEER_EXPLORE_EVERY == STEER_EXPLORE_EVERY - 1
+        self._steer = (self.coverage.steer(method, reach, self.cfg.max_k)
+                       if self.cfg.steer and not retreat and not explore else None)
         strategy = start_shapes(
             methods=(method,), draft_vocab=caps.draft_vocab, spec_knobs=dict(getattr(caps, "spec_knobs", {}) or {}),
             spec_defaults=defaults, engine_default=default, inject=self.cfg.engine_kwargs.get("inject"),
@@ -361,7 +368,7 @@ __all__ = [
     "attributed_label", "confirmation_samples", "crash_key", "draw_example", "entry_crash_key", "_crash_key_of",
     "family_fields", "family_key", "family_variants", "simplest_family", "simplest_key",
     "load_deferred", "load_state", "merge_worker_totals", "open_totals", "set_aside", "state_problem",
-    "COVERAGE_DRAIN_S", "CONFIRM_MARGIN", "CONFIRM_MAX_FACTOR", "DEFAULT_EVERY", "ENGINE_COUNTERS", "EXAMPLES_PER_SEARCH", "FILL_DRAWS",
+    "COVERAGE_DRAIN_S", "CONFIRM_MARGIN", "CONFIRM_MAX_FACTOR", "DEFAULT_EVERY", "STEER_EXPLORE_EVERY", "ENGINE_COUNTERS", "EXAMPLES_PER_SEARCH", "FILL_DRAWS",
     "FILL_MIN_LEFT_S", "FIRST_START_GUESS_S", "KNOWN_CRASHES_END_SEARCH", "MAX_CALIBRATION_REDUCTIONS", "MAX_DEFERRED",
     "REFUSED_SWAPS_END_SEARCH", "SEARCH_SLICE_MIN_S", "SHRINK_MIN_S", "SHRINK_SHARE", "SLICE_START_FACTOR",
     "SPARE_MIN_CPUS", "STATE_SCHEMA_VERSION", "WATCHDOG_GRACE_S",

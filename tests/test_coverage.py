@@ -105,3 +105,22 @@ def test_steering_raises_the_least_covered_multi_position_event_over_an_unsteere
     plain.run()
     lo_steered, lo_plain = steered.min_multi_position(), plain.coverage.min_multi_position()
     assert lo_steered >= COVERED_P and lo_steered > lo_plain, (lo_steered, lo_plain)
+
+
+def test_every_third_search_of_a_method_runs_unsteered(tmp_path):
+    """Steering favours K >= 2; every STEER_EXPLORE_EVERY-th search of a method (its 3rd, 6th)
+    draws uniformly, so that shapes no thin event asks for (K = 1 above all) keep a share;
+    --no-steer leaves every search unsteered."""
+    from specfuzz.fuzz.campaign import STEER_EXPLORE_EVERY, Campaign, CampaignConfig
+
+    assert STEER_EXPLORE_EVERY == 3
+    for steer, want in ((True, [True, True, False, True, True, False]), (False, [False] * 6)):
+        cfg = CampaignConfig(budget_s=10, corpus_dir=tmp_path / f"c{steer}", work_dir=tmp_path / f"w{steer}", seed=1,
+                             methods=("draft_model", "ngram"), steer=steer)
+        c = Campaign(cfg)
+        got = []
+        for index in range(1, 13):
+            shape = c._shape(index)
+            if shape.spec.method == "draft_model":
+                got.append(c._steer is not None)
+        assert got == want, (steer, got)
