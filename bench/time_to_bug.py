@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -163,7 +164,7 @@ def _key(e) -> tuple:
     return (e.kind, spec.get("method"), symptom(e.case, e.counts, profile_for(e)), tuple(sorted(active_features(e.case))))
 
 
-def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: int) -> dict:
+def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: int, keep: Path | None = None) -> dict:
     from specfuzz.fuzz.corpus import Corpus, Entry
 
     name = {"vllm": "vllm", "hf": "hf-transformers"}[engine]
@@ -178,6 +179,7 @@ def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: in
             cmd += [] if steer else ["--no-steer"]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s + 1800, cwd=ROOT)
             met: dict[str, float] = {}
+            new: list[str] = []
             for path, e in Corpus(corpus).entries():
                 if not isinstance(e, Entry):
                     continue
@@ -185,6 +187,12 @@ def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: in
                 for known_name, kk in known.items():
                     if kk == k:
                         met[known_name] = round(min(met.get(known_name, t), t), 1)
+                if k not in known.values() and keep is not None:
+                    # an entry of no known bug: kept for triage (the campaign's corpus is a temporary folder)
+                    dest = keep / f"{engine}-{'steered' if steer else 'unsteered'}-seed{seed}"
+                    dest.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(path, dest / path.name)
+                    new.append(str(dest / path.name))
             state = json.loads((corpus / ".specfuzz" / "state.json").read_text()).get("totals", {})
             cov = state.get("coverage", {}).get("methods", {})
             rows.append({
@@ -195,6 +203,7 @@ def bench_engine(engine: str, budget_s: float, steer_modes: list[bool], seed: in
                 "methods": {m: r.get("families") for m, r in state.get("methods", {}).items()},
                 "stored": sorted(p.name for p in corpus.glob("*.json")),
                 "time_to_known_s": {k: met.get(k) for k in known},
+                "unknown_kept": new,
             })
             print(f"{engine} steer={steer}: {rows[-1]['time_to_known_s']}", flush=True)
     return {"bench": "time_to_bug_engines", "engine": engine, "budget_s": budget_s, "seed": seed,
@@ -242,6 +251,8 @@ def main() -> None:
     e.add_argument("--seed", type=int, default=1)
     e.add_argument("--steer", choices=("on", "off", "both"), default="both")
     e.add_argument("--out", default=None)
+    e.add_argument("--keep", default="/tmp/specfuzz-time-to-bug",
+                   help="where entries of no known bug are copied for triage (the campaigns' corpora are temporary)")
     a = ap.parse_args()
     t0 = time.time()
     if a.what == "table":
@@ -260,8 +271,8 @@ def main() -> None:
         bench_mutants(a.seeds, a.budget, a.only.split(",") if a.only else None, modes, Path(a.out))
         print(f"wrote {a.out}")
         return
-    res = bench_engine(a.engine, a.budget, modes, a.seed)
-    out = Path(a.out or RESULTS / f"time_to_bug_{a.engine}.json")
+    res = bench_engine(a.engine, a.budget, modes, a.seed, Path(a.keep))
+    out = Path(a.out or RESULTS / f"time_to_bug_engines_{a.engine}.json")
     res["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
     res["seconds"] = round(time.time() - t0, 1)
     res["date"] = time.strftime("%Y-%m-%d")
