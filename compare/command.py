@@ -32,6 +32,12 @@ from specfuzz.compare.models import DEFAULT_CUT_LAYERS
               help="Sampled mode's temperature (0: greedy comparison only).")
 @click.option("--top-k", default=0, show_default=True, help="Sampled mode's top-k (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Sampled mode's top-p.")
+@click.option("--repetition-penalty", default=1.0, show_default=True, type=float,
+              help="Sampled mode's repetition penalty (1 = off; engines vllm, hf, mlx).")
+@click.option("--presence-penalty", default=0.0, show_default=True, type=float,
+              help="Sampled mode's presence penalty (0 = off; engines vllm, mlx).")
+@click.option("--frequency-penalty", default=0.0, show_default=True, type=float,
+              help="Sampled mode's frequency penalty (0 = off; engines vllm, mlx).")
 @click.option("--samples", default=8, show_default=True, help="Samples per prompt in sampled mode (each mode).")
 @click.option("--repeats", default=2, show_default=True, help="Greedy runs per mode on the repeat subset (nondeterminism).")
 @click.option("--repeat-prompts", default=8, show_default=True, help="Prompts in the repeat subset.")
@@ -47,7 +53,7 @@ from specfuzz.compare.models import DEFAULT_CUT_LAYERS
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @click.option("--check", is_flag=True, help="Exit 1 when a sampled test or a calibration fails or a verification bug is flagged.")
 def compare_cmd(engines, model, methods, draft, draft_layers, num_speculative_tokens, prompts, limit, max_tokens, mode,
-                temperature, top_k, top_p, samples, repeats, repeat_prompts, alpha, seed, out, cache_dir, chat,
+                temperature, top_k, top_p, repetition_penalty, presence_penalty, frequency_penalty, samples, repeats, repeat_prompts, alpha, seed, out, cache_dir, chat,
                 engine_settings, threads, quiet, check) -> None:
     """Baseline vs speculative decoding on a real model and real prompts, greedy and sampled.
 
@@ -68,7 +74,8 @@ def compare_cmd(engines, model, methods, draft, draft_layers, num_speculative_to
             num_speculative_tokens=num_speculative_tokens, prompts=prompts, limit=limit, max_tokens=max_tokens, mode=mode,
             temperature=temperature, top_k=top_k, top_p=top_p, samples=samples, repeats=repeats,
             repeat_prompts=repeat_prompts, alpha=alpha, seed=seed, out=out, cache_dir=cache_dir, chat=chat,
-            settings=parse_settings(engine_settings), threads=threads,
+            settings=parse_settings(engine_settings), threads=threads, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         )
         v = validate(opts)
         log = (lambda s: None) if quiet else (lambda s: click.echo(f"compare: {s}", err=True))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,7 +25,10 @@ from specfuzz.compare import models as M
 from specfuzz.compare.greedy import GreedyReport, greedy_report
 from specfuzz.compare.prompts import EncodedPrompt, Prompt, builtin_prompts, encode, has_chat_template, load_prompts, subset
 from specfuzz.compare.greedy import acceptance
-from specfuzz.compare.reference import LawSettings, ReferenceModel, dtype_spread, greedy_gaps, measure_logit_noise
+from specfuzz.compare.reference import (
+    PENALTY_ENGINES, PENALTY_WINDOW, LawSettings, ReferenceModel, dtype_spread, greedy_gaps, measure_logit_noise,
+    penalized_logits,
+)
 from specfuzz.compare.runs import METHODS, Method, Record, RunPlan, RunResult, engine_label, run_engine
 from specfuzz.compare.sampled import SampledTest, merge, pit_values, sampled_test, tolerance_from_noise
 
@@ -69,6 +72,11 @@ class CompareOptions:
     batch_prompt_tokens: int | None = None  # None: runs.SEEDED_BATCH_PROMPT_TOKENS
     baseline_only: bool = False  # speculation off only (its calibration test is the verdict)
     dtype: str = "float32"  # the engines' dtype; other than float32 widens the tolerance by the reference's own spread in it
+    # Penalties of the sampled requests, in the reference law with each engine's history rule
+    # (reference.PENALTY_WINDOW); engines in reference.PENALTY_ENGINES only.
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass
@@ -98,6 +106,17 @@ def validate(o: CompareOptions) -> Validated:
         raise InvalidInput("--top-p", o.top_p, "a number in (0, 1]")
     if not (0.0 <= o.min_p < 1.0):
         raise InvalidInput("--min-p", o.min_p, "a number in [0, 1)")
+    rp, pp, fp = o.repetition_penalty, o.presence_penalty, o.frequency_penalty
+    if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
+        raise InvalidInput("--repetition-penalty", rp, "a number > 0 (1 = off)")
+    for name, x in (("--presence-penalty", pp), ("--frequency-penalty", fp)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not -2.0 <= x <= 2.0:
+            raise InvalidInput(name, x, "a number in [-2, 2] (0 = off)")
+    if (rp != 1.0 or pp != 0.0 or fp != 0.0):
+        for e in o.engines:
+            if engine_label(e) not in PENALTY_ENGINES:
+                raise InvalidInput("--engine", e, f"an engine whose penalties compare models ({', '.join(PENALTY_ENGINES)}) "
+                                   "with --repetition-penalty / --presence-penalty / --frequency-penalty")
     if o.dtype not in ("float32", "bfloat16", "float16"):
         raise InvalidInput("dtype", o.dtype, "float32, bfloat16 or float16")
     _int("--top-k", o.top_k, 0, "an integer >= 0 (0 = off)")
@@ -237,7 +256,8 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     plan = RunPlan(tuple(prompts), o.max_tokens, v.greedy, v.sampled, float(o.temperature), int(o.top_k), float(o.top_p),
                    o.samples, o.repeats, min(o.repeat_prompts, len(prompts)), o.seed, eos, float(o.min_p),
                    **({} if o.batch_prompt_tokens is None else {"batch_prompt_tokens": int(o.batch_prompt_tokens)}),
-                   dtype=o.dtype)
+                   dtype=o.dtype, repetition_penalty=float(o.repetition_penalty), presence_penalty=float(o.presence_penalty),
+                   frequency_penalty=float(o.frequency_penalty))
 
     def decode(ids):
         return tok.decode(list(ids), skip_special_tokens=False)
@@ -250,7 +270,8 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
     log("teacher-forcing the outputs through the reference (HF transformers, float32)")
     t0 = time.perf_counter()
     ref = ReferenceModel(model.target, threads=o.threads)
-    settings = LawSettings(float(o.temperature), int(o.top_k), float(o.top_p), float(o.min_p)) if v.sampled else None
+    settings = LawSettings(float(o.temperature), int(o.top_k), float(o.top_p), float(o.min_p), float(o.repetition_penalty),
+                           float(o.presence_penalty), float(o.frequency_penalty)) if v.sampled else None
     by_prompt = {p.id: p for p in prompts}
     # The reference's own float32 spread across batch shapes, on real outputs.
     noise = 0.0
@@ -282,14 +303,15 @@ def run_compare(v: Validated, log: Callable[[str], None] = lambda s: None) -> Co
                     _estimate_acceptance(g, r, prompts, ref if r.method.name == "self" else None, o, log)
                 a.greedy[r.method.name] = g
         if v.sampled:
+            settings_e = replace(settings, penalty_window=PENALTY_WINDOW.get(engine_label(e)))  # the engine's penalty history
             a.tolerance = tolerance_from_noise(a.noise, o.temperature)
             delta, eps = a.tolerance
             rng = np.random.default_rng(rng_seed)
-            cal = _pits(ref, prompts, base.sampled, settings, delta, rng, None)
+            cal = _pits(ref, prompts, base.sampled, settings_e, delta, rng, None)
             a.pits["off"] = cal.u
             a.calibration = sampled_test(cal, o.alpha, eps)
             for r in runs[1:]:
-                pit = _pits(ref, prompts, r.sampled, settings, delta, rng, drafts.get(r.method.name))
+                pit = _pits(ref, prompts, r.sampled, settings_e, delta, rng, drafts.get(r.method.name))
                 a.pits[r.method.name] = pit.u
                 a.sampled[r.method.name] = sampled_test(pit, o.alpha, eps)
                 a.sampled_acceptance[r.method.name] = acceptance(r.sampled)
@@ -350,6 +372,9 @@ def _pits(ref: ReferenceModel, prompts: Sequence[EncodedPrompt], records: Sequen
         outs = [r.token_ids for r in recs]
         lg = ref.output_logits(p.token_ids, outs)
         dl = draft.output_logits(p.token_ids, outs) if draft is not None else None
+        if settings.penalized:  # each row penalised from its own history, as the engine does
+            lg = [penalized_logits(x, p.token_ids, o, settings) for x, o in zip(lg, outs)]
+            dl = None if dl is None else [penalized_logits(x, p.token_ids, o, settings) for x, o in zip(dl, outs)]
         parts.append(pit_values(recs, lg, settings, delta, rng, dl))
     return merge(parts)
 

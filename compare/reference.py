@@ -10,6 +10,13 @@ three settings (temperature, then top-k on the scaled logits keeping ties, then 
 the softmax keeping the smallest set of most probable tokens whose mass reaches
 ``top_p``).
 
+Penalties (repetition, presence, frequency) depend on the tokens before each position, so
+they are applied to the raw logits of every row before the law (:func:`penalized_logits`),
+as the engines apply them before the temperature, with the engine's own history
+(:data:`PENALTY_WINDOW`): vLLM and HF transformers penalise repetition of any token of
+prompt + output and (vLLM) presence and frequency of output tokens; mlx-lm all three on the
+last 20 tokens of prompt + output.
+
 Exactness: HF at float32 on CPU is not bit-exact across batch shapes (a token decoded
 alone and the same token inside a batched teacher-forced forward can differ in the last
 bits of their logits), and another engine's kernels differ more. :func:`measure_logit_noise`
@@ -38,6 +45,14 @@ TEACHER_BATCH = 8
 PIT_ORDER = "descending probability, ties by token id"
 
 
+# Engines whose penalties read a window of the last N tokens of prompt + output (all three
+# penalties); every other engine: repetition on prompt + output, presence and frequency on the
+# output, unwindowed (vLLM's rule; HF transformers has repetition only).
+PENALTY_WINDOW = {"mlx": 20}
+# Engines whose penalties compare can model (SGLang's penalizers are not modelled here).
+PENALTY_ENGINES = ("vllm", "hf", "mlx")
+
+
 @dataclass(frozen=True)
 class LawSettings:
     """The sampling settings ``specfuzz compare`` applies (and the laws follow)."""
@@ -46,9 +61,50 @@ class LawSettings:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_window: int | None = None  # None: vLLM's history rule; N: the last N tokens of prompt + output
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def to_json(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+        d = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+        if self.penalized:
+            d.update(repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+                     frequency_penalty=self.frequency_penalty, penalty_window=self.penalty_window)
+        return d
+
+
+def penalized_logits(logits: np.ndarray, prompt: Sequence[int], output: Sequence[int], s: LawSettings) -> np.ndarray:
+    """Raw-logits rows ``[T, V]`` predicting ``output[t]`` after ``prompt + output[:t]``, with
+    ``s``'s penalties applied to each row from its own history: repetition ``r`` on every token
+    seen (``l / r`` where ``l > 0``, else ``l * r``), then ``l -= frequency * count + presence *
+    (count > 0)``. History: ``s.penalty_window`` None: repetition over prompt + output[:t],
+    presence and frequency over output[:t]; N: all three over the last N tokens of
+    prompt + output[:t]. float64."""
+    z = np.array(logits, dtype=np.float64)  # [T, V]
+    if not s.penalized or z.shape[0] == 0:
+        return z
+    T, V = z.shape
+    ctx = [int(t) for t in prompt] + [int(t) for t in output]
+    P = len(prompt)
+    for t in range(T):
+        if s.penalty_window is None:
+            seen = np.bincount(np.asarray(ctx[: P + t], dtype=np.int64), minlength=V)[:V] > 0  # [V]
+            counts = np.bincount(np.asarray(ctx[P: P + t], dtype=np.int64), minlength=V)[:V]  # [V]
+        else:
+            win = np.asarray(ctx[: P + t][-s.penalty_window:], dtype=np.int64)
+            counts = np.bincount(win, minlength=V)[:V]  # [V]
+            seen = counts > 0
+        row = z[t]
+        if s.repetition_penalty != 1.0:
+            r = float(s.repetition_penalty)
+            row[seen] = np.where(row[seen] > 0, row[seen] / r, row[seen] * r)
+        row -= float(s.frequency_penalty) * counts + float(s.presence_penalty) * (counts > 0)
+    return z
 
 
 def sampling_laws(logits: np.ndarray, s: LawSettings) -> np.ndarray:

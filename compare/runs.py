@@ -123,6 +123,9 @@ class RunPlan:
     # Seeded requests per engine call are cut at this many prompt tokens (see SEEDED_BATCH_PROMPT_TOKENS).
     batch_prompt_tokens: int = SEEDED_BATCH_PROMPT_TOKENS
     dtype: str = "float32"
+    repetition_penalty: float = 1.0  # sampled requests only
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def max_model_len(self) -> int:
@@ -133,7 +136,8 @@ class RunPlan:
 
     def sampled_params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              max_tokens=self.max_tokens)
+                              max_tokens=self.max_tokens, repetition_penalty=self.repetition_penalty,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
 
     def sample_seed(self, prompt_id: str, j: int) -> int:
         return (self.seed * 1_000_003 + zlib.crc32(prompt_id.encode()) * 1009 + j) % (2**31 - 1)

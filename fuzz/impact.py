@@ -35,18 +35,16 @@ from specfuzz.errors import SpecfuzzError
 IMPACT_SCHEMA_VERSION = 1
 # specfuzz engine names -> compare's engine, and the module that must import.
 ENGINES = {"vllm": ("vllm", "vllm"), "sglang": ("sglang", "sglang"), "hf-transformers": ("hf", "transformers"),
-           "hf": ("hf", "transformers")}
+           "hf": ("hf", "transformers"), "mlx-lm": ("mlx", "mlx_lm"), "mlx": ("mlx", "mlx_lm")}
 HEAD_METHODS = ("eagle", "eagle3")
 # A real model's outputs are longer than a table finding's 2-4 tokens: this many tokens per sample.
 DEFAULT_MAX_TOKENS = 32
 # Sampling settings compare's reference law does not have, and why.
 NOT_IN_REFERENCE = {
-    "repetition_penalty": "compare's reference law has no penalties",
-    "frequency_penalty": "compare's reference law has no penalties",
-    "presence_penalty": "compare's reference law has no penalties",
     "min_tokens": "compare's reference law has no min_tokens",
     "thinking_budget": "compare's reference law has no thinking budget",
 }
+PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 # Sampling settings that name token ids of the table's vocabulary.
 TOKEN_ID_SETTINGS = ("logit_bias", "allowed_token_ids", "bad_words", "stop_token_ids", "regex", "choice",
                      "think_end_token_id")
@@ -67,6 +65,7 @@ class ImpactPlan:
     top_p: float
     min_p: float
     dtype: str
+    penalties: tuple[float, float, float] = (1.0, 0.0, 0.0)  # repetition, presence, frequency (carried ones)
     settings: dict = field(default_factory=dict)
     carried: tuple[str, ...] = ()
     not_carried: tuple[str, ...] = ()
@@ -97,8 +96,8 @@ def plan_impact(entry) -> ImpactPlan:
         raise ImpactError(f"a {entry.kind} entry: `specfuzz impact` takes finding and calibration entries")
     name = str(entry.engine.get("name", ""))
     if name not in ENGINES:
-        raise ImpactError(f"engine {name!r} runs no real model here; `specfuzz impact` runs vllm, sglang and "
-                          "hf-transformers findings")
+        raise ImpactError(f"engine {name!r} runs no real model here; `specfuzz impact` runs vllm, sglang, "
+                          "hf-transformers and mlx-lm findings")
     cj = entry.case
     params = SamplingParams.from_json(cj.get("params") or {})
     spec_json = None if entry.kind == "calibration" else cj.get("spec")
@@ -135,6 +134,12 @@ def plan_impact(entry) -> ImpactPlan:
             carried.append(f"top_k {params.top_k}")
         if params.top_p < 1.0:
             carried.append(f"top_p {params.top_p:g}")
+    if ENGINES[name][0] == "mlx" and not params.greedy and params.temperature != 1.0 and (
+            params.top_k >= 1 or params.top_p < 1.0 or params.min_p > 0.0):
+        # mlx-lm cuts on the temperature-1 law and samples the kept tokens at the temperature;
+        # compare's reference law cuts after the temperature (vLLM's order): equal only at 1.
+        reason = reason or (f"mlx-lm applies top-k/top-p/min-p before its temperature ({params.temperature:g}); "
+                            "compare's reference law applies them after it (vLLM's order), so the laws differ")
     min_p = float(params.min_p)
     if min_p > 0.0:
         if (params.top_k >= 1 or params.top_p < 1.0) and name != "vllm":
@@ -146,6 +151,18 @@ def plan_impact(entry) -> ImpactPlan:
         v = getattr(params, k)
         if v not in (None, 0, 0.0, 1.0):
             not_carried.append(f"{k}={v!r} ({why})")
+    from specfuzz.compare.reference import PENALTY_ENGINES
+
+    penalties = [1.0, 0.0, 0.0]
+    for i, k in enumerate(PENALTIES):
+        v = float(getattr(params, k))
+        if v == (1.0 if i == 0 else 0.0):
+            continue
+        if ENGINES[name][0] in PENALTY_ENGINES:
+            penalties[i] = v
+            carried.append(f"{k} {v:g}")
+        else:
+            not_carried.append(f"{k}={v!r} (compare's reference law does not model {name}'s penalties)")
     for k in TOKEN_ID_SETTINGS:
         v = getattr(params, k, None)
         if v not in (None, (), [], {}):
@@ -157,7 +174,8 @@ def plan_impact(entry) -> ImpactPlan:
     if settings:
         carried.append("adapter settings " + json.dumps(settings, sort_keys=True))
     return ImpactPlan(entry.kind, ENGINES[name][0], name, spec, float(params.temperature), max(int(params.top_k), 0),
-                      float(params.top_p), min_p, dtype, settings, tuple(carried), tuple(not_carried), reason)
+                      float(params.top_p), min_p, dtype, tuple(penalties), settings, tuple(carried), tuple(not_carried),
+                      reason)
 
 
 def _short(v) -> str:
@@ -207,6 +225,7 @@ def run_impact(plan: ImpactPlan, opts: ImpactOptions, log: Callable[[str], None]
         cache_dir=opts.cache_dir, settings=plan.settings, threads=opts.threads, spec=plan.spec,
         baseline_only=plan.spec is None, dtype=plan.dtype, batch_prompt_tokens=(1 << 30) if opts.one_call else None,
         num_speculative_tokens=plan.spec.num_speculative_tokens if plan.spec is not None else 3,
+        repetition_penalty=plan.penalties[0], presence_penalty=plan.penalties[1], frequency_penalty=plan.penalties[2],
     )
     return run_compare(validate(co), log=log)
 

@@ -351,3 +351,45 @@ def test_min_p_law_equals_hf_min_p_processor_and_its_boundary_is_ambiguous():
     edge = np.log(np.array([[0.5, 0.1, 0.4]]))  # p / max p of token 1 = 0.2 exactly
     assert ambiguous_rows(edge, LawSettings(1.0, min_p=0.2), 1e-6)[0]
     assert not ambiguous_rows(edge, LawSettings(1.0, min_p=0.1), 1e-6)[0]
+
+
+def test_penalties_in_the_reference_law_equal_the_engines_own_processors():
+    """penalized_logits row by row: with vLLM's history rule (window None) repetition equals HF's
+    RepetitionPenaltyLogitsProcessor on prompt + output and presence/frequency count the output
+    only; with mlx-lm's (window 20) all three equal mlx_lm's make_logits_processors on the
+    engine's history, prompt + output."""
+    torch = pytest.importorskip("torch")
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from specfuzz.compare.reference import PENALTY_WINDOW, penalized_logits
+
+    rng = np.random.default_rng(11)
+    V, T = 40, 6
+    prompt = [int(x) for x in rng.integers(0, V, size=25)]
+    out = [int(x) for x in rng.integers(0, V, size=T)]
+    out[2] = prompt[-1]
+    lg = _random_logits(rng, T, V)
+    s = LawSettings(1.0, repetition_penalty=1.7)
+    got = penalized_logits(lg, prompt, out, s)
+    for t in range(T):
+        want = RepetitionPenaltyLogitsProcessor(1.7)(torch.tensor([prompt + out[:t]]), torch.tensor(lg[t: t + 1]).double())
+        assert np.allclose(got[t], want.numpy()[0], atol=1e-9), t
+    s = LawSettings(1.0, presence_penalty=0.5, frequency_penalty=0.3)
+    got = penalized_logits(lg, prompt, out, s)
+    for t in range(T):
+        c = np.bincount(out[:t], minlength=V)
+        assert np.allclose(got[t], lg[t].astype(np.float64) - 0.3 * c - 0.5 * (c > 0), atol=1e-9), t
+    assert np.array_equal(penalized_logits(lg, prompt, out, LawSettings(1.0)), lg.astype(np.float64))  # no penalty: untouched
+
+    mx = pytest.importorskip("mlx.core")
+    from mlx_lm.sample_utils import make_logits_processors
+
+    procs = make_logits_processors(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.25)
+    s = LawSettings(1.0, repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.25, penalty_window=PENALTY_WINDOW["mlx"])
+    got = penalized_logits(lg, prompt, out, s)
+    for t in range(T):
+        x = mx.array(lg[t: t + 1])
+        hist = mx.array(prompt + out[:t])
+        for f in procs:
+            x = f(hist, x)
+        assert np.allclose(got[t], np.array(x)[0], atol=1e-5), t

@@ -28,7 +28,7 @@ def test_the_method_k_window_and_sampling_are_carried_and_table_token_ids_are_no
     assert p.measurable and p.engine == "vllm" and p.spec.method == "ngram" and p.spec.num_speculative_tokens == 1
     assert any(c.startswith("ngram K=1, n-gram window") for c in p.carried)
     names = " ".join(p.not_carried)
-    assert "presence_penalty=0.5 (compare's reference law has no penalties)" in names
+    assert "presence_penalty 0.5" in p.carried and p.penalties == (1.0, 0.5, 0.0)  # vLLM's penalty history is modelled
     assert "allowed_token_ids=" in names and "stop_token_ids=" in names and "no counterpart in SmolLM2" in names
     assert plan_impact(_entry("finding-f018724b48c4b56c.json")).top_k == 0  # the table's -1 (off) is compare's 0
     cal = plan_impact(_entry("h200/vllm/calibration-b9634bdd455b4365.json"))  # speculation off, top_p 0.9
@@ -38,6 +38,14 @@ def test_the_method_k_window_and_sampling_are_carried_and_table_token_ids_are_no
     assert ng.dtype == "bfloat16" and ng.not_carried == ()
     mp = plan_impact(_entry("h200/sglang/finding-9ebba2095c6eb06f.json"))  # min_p with top-p on SGLang: its own order
     assert mp.min_p == 0.0 and any(s.startswith("min_p=0.2 (with top-k/top-p sglang orders") for s in mp.not_carried)
+    mlx = plan_impact(_entry("finding-246fe4b35ffa8138.json"))  # mlx-lm draft model, frequency penalty 0.5
+    assert mlx.measurable and mlx.engine == "mlx" and mlx.penalties == (1.0, 0.0, 0.5) and "frequency_penalty 0.5" in mlx.carried
+    hot = _entry("finding-fda069a862e799da.json")  # mlx-lm cuts top-p before its temperature: equal laws only at 1
+    hot.case["params"]["temperature"] = 0.7
+    assert "before its temperature (0.7)" in plan_impact(hot).reason
+    sgl = _entry("h200/sglang/finding-065f698102ca951f.json")
+    sgl.case["params"]["repetition_penalty"] = 1.3
+    assert "repetition_penalty=1.3 (compare's reference law does not model sglang's penalties)" in plan_impact(sgl).not_carried
 
 
 def test_a_trigger_that_cannot_run_on_the_real_model_says_why():
