@@ -85,8 +85,10 @@ DEFAULT_EVERY = 4
 # steering favours K >= 2, and bugs that live at K = 1 or in shapes no thin event asks for
 # keep a share of the searches.
 STEER_EXPLORE_EVERY = 3
-# At the end of a campaign, the longest wait for the events of families still being computed.
+# At the end of a campaign, the longest wait for the events of families still being computed:
+# COVERAGE_DRAIN_SHARE of the budget, at most COVERAGE_DRAIN_S (the rest count as uncomputed).
 COVERAGE_DRAIN_S = 30.0
+COVERAGE_DRAIN_SHARE = 0.05
 
 
 class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreMixin):
@@ -193,7 +195,7 @@ class Campaign(StateMixin, EnginePoolMixin, CandidatesMixin, ShrinkMixin, StoreM
             for e in self._engines:
                 e.close()
             self._drain_events()
-            self.coverage.drain(wait=True, timeout_s=COVERAGE_DRAIN_S)
+            self.coverage.drain(wait=True, timeout_s=min(COVERAGE_DRAIN_S, COVERAGE_DRAIN_SHARE * self.cfg.budget_s))
             self._save_state()
         return self.stats
 
@@ -368,7 +370,7 @@ __all__ = [
     "attributed_label", "confirmation_samples", "crash_key", "draw_example", "entry_crash_key", "_crash_key_of",
     "family_fields", "family_key", "family_variants", "simplest_family", "simplest_key",
     "load_deferred", "load_state", "merge_worker_totals", "open_totals", "set_aside", "state_problem",
-    "COVERAGE_DRAIN_S", "CONFIRM_MARGIN", "CONFIRM_MAX_FACTOR", "DEFAULT_EVERY", "STEER_EXPLORE_EVERY", "ENGINE_COUNTERS", "EXAMPLES_PER_SEARCH", "FILL_DRAWS",
+    "COVERAGE_DRAIN_S", "COVERAGE_DRAIN_SHARE", "CONFIRM_MARGIN", "CONFIRM_MAX_FACTOR", "DEFAULT_EVERY", "STEER_EXPLORE_EVERY", "ENGINE_COUNTERS", "EXAMPLES_PER_SEARCH", "FILL_DRAWS",
     "FILL_MIN_LEFT_S", "FIRST_START_GUESS_S", "KNOWN_CRASHES_END_SEARCH", "MAX_CALIBRATION_REDUCTIONS", "MAX_DEFERRED",
     "REFUSED_SWAPS_END_SEARCH", "SEARCH_SLICE_MIN_S", "SHRINK_MIN_S", "SHRINK_SHARE", "SLICE_START_FACTOR",
     "SPARE_MIN_CPUS", "STATE_SCHEMA_VERSION", "WATCHDOG_GRACE_S",

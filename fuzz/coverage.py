@@ -39,6 +39,20 @@ STEER_K_WEIGHT = 6
 MAX_PENDING_FAMILIES = 64
 # Case event laws memoised by the campaign (swaps and shrinks rerun the same patterns).
 EVENT_CACHE_SIZE = 4096
+# Niceness added to the background worker's thread (Linux): the engine processes come first.
+WORKER_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Lower the calling thread's CPU priority by WORKER_NICE (Linux sets niceness per thread);
+    elsewhere nothing happens."""
+    import os
+    import threading
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE)
+    except (AttributeError, OSError):
+        pass
 
 
 def reachable(method: str, caps, max_k: int, default_k: int | None = None) -> dict[str, str | None]:
@@ -114,7 +128,7 @@ class Coverage:
             row["uncomputed"] += 1  # the worker is that far behind: this family's events are not computed
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specfuzz-coverage")
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specfuzz-coverage", initializer=_lower_priority)
         fut = self._pool.submit(lambda: [self._events_of(c, profile) for c in cases])
         self._pending.append((spec.method, samples, fut))
         self.drain()

@@ -37,6 +37,11 @@ from specfuzz.oracle.speculative import (
 
 # States (distinct committed prefixes per round) beyond which a case's events are not computed.
 DEFAULT_MAX_STATES = 20_000
+# Round replays a case's event law may take when its rounds are enumerated (block verification,
+# trees, n-gram trees: :class:`~specfuzz.oracle.drivers.ExactDriver`); past it the case's events
+# are not computed (about 3 s of one core; a block-verified K=4 draft over 6 tokens can take
+# minutes).
+DEFAULT_MAX_REPLAYS = 20_000
 
 
 @dataclass(frozen=True)
@@ -181,10 +186,12 @@ def event_law(process: SpeculativeProcess, max_states: int = DEFAULT_MAX_STATES,
     return ExactDriver(process, max_states=max_states, max_replays=max_replays).event_law()
 
 
-def case_events(case, profile: str = "vllm", max_states: int = DEFAULT_MAX_STATES) -> EventLaw | None:
+def case_events(case, profile: str = "vllm", max_states: int = DEFAULT_MAX_STATES,
+                max_replays: int | None = DEFAULT_MAX_REPLAYS) -> EventLaw | None:
     """The event law of a :class:`~specfuzz.case.Case` under lossless speculation with an
     engine's semantics profile; None when the case does not speculate, its method is not
-    modelled, its law is ambiguous or its process is too large to enumerate."""
+    modelled, its law is ambiguous or its process is too large to enumerate (more than
+    ``max_states`` states per step, or ``max_replays`` round replays)."""
     import dataclasses
 
     spec = case.spec
@@ -196,7 +203,7 @@ def case_events(case, profile: str = "vllm", max_states: int = DEFAULT_MAX_STATE
         law = case.target_law(profile)
         proc = SpeculativeProcess(law, case.prompt, case.params.max_tokens, spec, case.draft, case.params.temperature,
                                   record_events=True)
-        return event_law(proc, max_states)
+        return event_law(proc, max_states, max_replays)
     except (RuntimeError, AmbiguousSemantics):
         return None
 

@@ -124,3 +124,21 @@ def test_every_third_search_of_a_method_runs_unsteered(tmp_path):
             if shape.spec.method == "draft_model":
                 got.append(c._steer is not None)
         assert got == want, (steer, got)
+
+
+def test_the_background_event_worker_runs_at_a_lower_cpu_priority_than_the_campaign():
+    """Event laws are computed on a worker thread while the engine samples; on Linux the thread is
+    niced by WORKER_NICE so that the engine processes come first on a small machine."""
+    import os
+    import sys
+    import threading
+
+    from specfuzz.fuzz.coverage import WORKER_NICE, Coverage
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread niceness is Linux's")
+    cov = Coverage()
+    cov.record([_case(2)], [10], background=True)  # starts the worker
+    fut = cov._pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert fut.result() == min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE)
+    cov.drain(wait=True, timeout_s=30)

@@ -199,3 +199,16 @@ def test_the_docs_catalogue_of_events_is_the_one_generated_from_the_code():
 
     page = Path(__file__).resolve().parents[1] / "docs" / "events.md"
     assert main([str(page), "--check"]) == 0, "docs/events.md is stale: run python -m specfuzz.oracle.events docs/events.md"
+
+
+def test_a_case_too_large_to_enumerate_has_no_event_law_rather_than_taking_minutes():
+    """Block verification enumerates rounds by replay; past ``max_replays`` replays the case's
+    events are not computed (None), as past ``max_states``. The default is finite."""
+    from specfuzz.oracle.events import DEFAULT_MAX_REPLAYS
+
+    case = Case(_table(6, 7), (0, 1, 2), SamplingParams(max_tokens=4), eos_token_id=None,
+                spec=SpecConfig("draft_model", 4, verify="block"), draft_table=_table(6, 8))
+    assert case_events(case, max_replays=200) is None
+    small = dataclasses.replace(case, spec=SpecConfig("draft_model", 1, verify="block"), params=SamplingParams(max_tokens=2))
+    assert case_events(small, max_replays=200) is not None
+    assert 0 < DEFAULT_MAX_REPLAYS < 10**6
