@@ -116,7 +116,7 @@ def plan_impact(entry) -> ImpactPlan:
             bits.append(f"n-gram window {spec.ngram_min}..{spec.ngram_max}")
         if spec.is_tree:
             bits.append(f"tree top-k {spec.tree_topk}, budget {spec.tree_budget}")
-        if spec.uses_draft_model:
+        if spec.uses_draft_model and spec.method not in HEAD_METHODS:
             bits.append("drafted by SmolLM2's first layers (compare's cut-down draft)")
         carried.append(", ".join(bits))
         if spec.method in HEAD_METHODS:
