@@ -108,6 +108,11 @@ def entry_crash_key(entry: Entry) -> str:
 
 def _crash_key_of(kind: object, evidence: str, log: str | None = None) -> str:
     detail = evidence.split(": ", 1)[1] if evidence.startswith("engine ") and ": " in evidence else evidence
+    if kind == "raise":
+        # Entries stored before 2026-11-29 name an exception raised by generate() kind "raise",
+        # without the call: the key of the same crash met today.
+        kind = "exception"
+        detail = detail if " raised " in detail.split(":", 1)[0] else f"generate raised {detail}"
     key = f"{kind}:{re.sub(r'-?[0-9]+', '#', detail)[:160]}"
     cause = crash_cause(kind, evidence, log)
     return f"{key} <- {cause}" if cause else key

@@ -449,3 +449,20 @@ def test_an_engine_start_refused_for_lack_of_gpu_memory_is_tried_again_and_never
     assert list((tmp_path / "c").glob("*.json")) == []
     events = [json.loads(line) for line in (tmp_path / "c" / ".specfuzz" / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("engine start refused for lack of GPU memory (not stored)") == 1
+
+
+def test_a_crash_stored_in_the_old_raise_format_is_met_again_by_the_same_crash_today():
+    """crash-2a70 (HF universal assisted generation, greedy, logit bias) was stored before crashes
+    named the engine call ("engine raise: RuntimeError: ..."); a steered HF campaign met the same
+    crash ("engine exception: generate raised RuntimeError: ...", other sizes) and stored it again
+    as new. Both now have one key."""
+    from specfuzz.fuzz.campaign import crash_key, entry_crash_key
+
+    stored = Entry.from_json(json.loads((REPO / "corpus" / "crash-2a7090bd1d3456fa.json").read_text()))
+    assert stored.extra["crash_kind"] == "raise" and stored.evidence.startswith("engine raise: RuntimeError")
+    today = EngineCrash("exception", "generate raised RuntimeError: The size of tensor a (2) must match the size of "
+                        "tensor b (3) at non-singleton dimension 1")
+    assert entry_crash_key(stored) == crash_key(today)
+    other_call = EngineCrash("exception", "start raised RuntimeError: The size of tensor a (2) must match the size of "
+                             "tensor b (3) at non-singleton dimension 1")
+    assert entry_crash_key(stored) != crash_key(other_call)
