@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from specfuzz.errors import InvalidInput
+from specfuzz.oracle.params import SamplingParams
 from specfuzz.oracle.speculative import SpecConfig
 
 from specfuzz.compare import models as M
@@ -107,11 +108,10 @@ def validate(o: CompareOptions) -> Validated:
     if not (0.0 <= o.min_p < 1.0):
         raise InvalidInput("--min-p", o.min_p, "a number in [0, 1)")
     rp, pp, fp = o.repetition_penalty, o.presence_penalty, o.frequency_penalty
-    if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not math.isfinite(rp) or rp <= 0:
-        raise InvalidInput("--repetition-penalty", rp, "a number > 0 (1 = off)")
-    for name, x in (("--presence-penalty", pp), ("--frequency-penalty", fp)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not -2.0 <= x <= 2.0:
-            raise InvalidInput(name, x, "a number in [-2, 2] (0 = off)")
+    try:  # the ranges SamplingParams allows, named by their options
+        SamplingParams(repetition_penalty=rp, presence_penalty=pp, frequency_penalty=fp)
+    except InvalidInput as exc:
+        raise InvalidInput("--" + exc.name.replace("_", "-"), exc.value, exc.allowed) from None
     if (rp != 1.0 or pp != 0.0 or fp != 0.0):
         for e in o.engines:
             if engine_label(e) not in PENALTY_ENGINES:

@@ -80,31 +80,28 @@ class LawSettings:
 
 def penalized_logits(logits: np.ndarray, prompt: Sequence[int], output: Sequence[int], s: LawSettings) -> np.ndarray:
     """Raw-logits rows ``[T, V]`` predicting ``output[t]`` after ``prompt + output[:t]``, with
-    ``s``'s penalties applied to each row from its own history: repetition ``r`` on every token
-    seen (``l / r`` where ``l > 0``, else ``l * r``), then ``l -= frequency * count + presence *
-    (count > 0)``. History: ``s.penalty_window`` None: repetition over prompt + output[:t],
-    presence and frequency over output[:t]; N: all three over the last N tokens of
+    ``s``'s penalties applied to each row from its own history by the oracle's steps for the
+    engine's rule: ``s.penalty_window`` None: :func:`specfuzz.oracle.steps.apply_penalties`
+    (repetition over prompt + output[:t], presence and frequency over output[:t]); N:
+    :func:`specfuzz.oracle.semantics_mlx.mlx_penalties` on the last N tokens of
     prompt + output[:t]. float64."""
+    from specfuzz.oracle.semantics_mlx import mlx_penalties, window_counts
+    from specfuzz.oracle.steps import apply_penalties
+
     z = np.array(logits, dtype=np.float64)  # [T, V]
     if not s.penalized or z.shape[0] == 0:
         return z
     T, V = z.shape
-    ctx = [int(t) for t in prompt] + [int(t) for t in output]
-    P = len(prompt)
-    for t in range(T):
-        if s.penalty_window is None:
-            seen = np.bincount(np.asarray(ctx[: P + t], dtype=np.int64), minlength=V)[:V] > 0  # [V]
-            counts = np.bincount(np.asarray(ctx[P: P + t], dtype=np.int64), minlength=V)[:V]  # [V]
-        else:
-            win = np.asarray(ctx[: P + t][-s.penalty_window:], dtype=np.int64)
-            counts = np.bincount(win, minlength=V)[:V]  # [V]
-            seen = counts > 0
-        row = z[t]
-        if s.repetition_penalty != 1.0:
-            r = float(s.repetition_penalty)
-            row[seen] = np.where(row[seen] > 0, row[seen] / r, row[seen] * r)
-        row -= float(s.frequency_penalty) * counts + float(s.presence_penalty) * (counts > 0)
-    return z
+    out = np.asarray([int(t) for t in output][:T], dtype=np.int64)  # [T]
+    rp, pp, fp = float(s.repetition_penalty), float(s.presence_penalty), float(s.frequency_penalty)
+    if s.penalty_window is None:
+        seen = np.bincount(np.asarray(prompt, dtype=np.int64), minlength=V)[:V] > 0  # [V]
+        step = np.zeros((T, V), dtype=np.int64)  # [T, V] output[t - 1] at row t
+        step[np.arange(1, T), out[: T - 1]] = 1
+        return apply_penalties(z, seen, np.cumsum(step, axis=0), rp, fp, pp)
+    ctx = tuple(int(t) for t in prompt)
+    counts = np.concatenate([window_counts(ctx, out[None, :t], V, s.penalty_window) for t in range(T)])  # [T, V]
+    return mlx_penalties(z, counts, rp, pp, fp)
 
 
 def sampling_laws(logits: np.ndarray, s: LawSettings) -> np.ndarray:
