@@ -533,7 +533,9 @@ class HFEngine(Engine):
             if self._tokenizers is not None:
                 extra["tokenizer"], extra["assistant_tokenizer"] = self._tokenizers
         if seed is not None:
-            torch.manual_seed(int(seed))
+            # The CPU generator alone: what torch.manual_seed seeds on a CPU-only run, without its
+            # lazy seeding of CUDA/XPU/MTIA (1.1 ms a call, a tenth of a sample's time at K=3).
+            torch.default_generator.manual_seed(int(seed))
         before = dict(self.acceptance)
         ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, P]
         with torch.no_grad(), warnings.catch_warnings():
