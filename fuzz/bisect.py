@@ -40,7 +40,7 @@ from specfuzz.fuzz.corpus import EXC_LINE, Entry, atomic_write_json, last_except
 from specfuzz.fuzz.release_envs import (
     ENGINE_PACKAGES, EnvResult, Release, ReleaseEnvs, list_releases, package_for_entry, parse_range, range_bounds,
 )
-from specfuzz.fuzz.triage import Rerunner, RunOutcome, SECOND_RUN_SEED_OFFSET
+from specfuzz.fuzz.rerun import SECOND_RUN_SEED_OFFSET, Rerunner, RunOutcome
 
 BISECT_SCHEMA_VERSION = 1
 OUTCOMES = ("bad", "good", "cannot-run", "not-installable")
@@ -697,7 +697,7 @@ def check_latest(path: Path, entry: Entry, envs: ReleaseEnvs, cfg: BisectConfig,
     cannot run the case changes no status) into the entry file, atomically. Returns the
     record; ``{"skipped": reason}`` for entries of engines that are not pip packages.
     """
-    from specfuzz.fuzz.triage import status_after_rerun
+    from specfuzz.fuzz.rerun import status_after_rerun
 
     pkg = package_for_entry(entry.engine)
     if entry.kind == "regression" or not pkg:

@@ -174,7 +174,8 @@ def triage_cmd(corpus_dir: Path, rerun: bool, json_out: str | None, junit_out: P
     """
     import time
 
-    from specfuzz.fuzz.triage import Rerunner, rerun_corpus, triage
+    from specfuzz.fuzz.rerun import Rerunner, rerun_corpus
+    from specfuzz.fuzz.triage import triage
 
     t0 = time.monotonic()
     if json_out not in (None, "-") and Path(json_out).is_dir():

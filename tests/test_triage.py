@@ -15,10 +15,8 @@ from click.testing import CliRunner
 from specfuzz.engines.base import Completion, Request
 from specfuzz.engines.reference_engine import ReferenceEngine
 from specfuzz.fuzz.corpus import Entry
-from specfuzz.fuzz.triage import (
-    CONDITIONS, SECOND_RUN_SEED_OFFSET, RunOutcome, compute_effect, load_corpus, profile_for, status_after_rerun,
-    suspect_condition, triage,
-)
+from specfuzz.fuzz.rerun import SECOND_RUN_SEED_OFFSET, RunOutcome, status_after_rerun
+from specfuzz.fuzz.triage import CONDITIONS, compute_effect, load_corpus, profile_for, suspect_condition, triage
 from specfuzz.fuzz.triage_cli import triage_cmd
 from specfuzz.oracle.judge import target_law_dict
 from specfuzz.oracle.speculative import BUG_CLASSES
