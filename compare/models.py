@@ -56,8 +56,9 @@ CACHE_ENV = "SPECFUZZ_CACHE"
 GGUF_ENV = "SPECFUZZ_EMBEDDED_GGUF"
 # Files copied from the target into a draft cut from it (the tokenizer must be identical).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-# Bumped when the conversion changes what it writes.
-CONVERSION_VERSION = 1
+# Bumped when the conversion changes what it writes (2: the legacy rope_theta key next to
+# rope_parameters).
+CONVERSION_VERSION = 2
 # Config keys of the GGUF-loaded config that do not describe the float32 network.
 DROPPED_CONFIG_KEYS = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version")
 
@@ -132,7 +133,20 @@ def _atomic_folder(out: Path, write) -> Path:
 
 
 def _clean_config(config_dict: dict[str, Any]) -> dict[str, Any]:
+    """The converted checkpoint's config.json: the float32 network, readable by every engine.
+
+    transformers 5 writes the RoPE settings as ``rope_parameters`` only; engines that read
+    config.json themselves read the older top-level keys (mlx-lm 0.32's Llama takes
+    ``rope_theta``, default 10,000, where SmolLM2's is 100,000: its logits drifted from HF's by
+    up to 12.8 within 24 tokens), so ``rope_theta`` (and ``rope_scaling`` for a scaled RoPE) are
+    written beside it, with the same values.
+    """
     cfg = {k: v for k, v in config_dict.items() if k not in DROPPED_CONFIG_KEYS}
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+        cfg.setdefault("rope_theta", rope["rope_theta"])
+        if rope.get("rope_type", "default") != "default":
+            cfg.setdefault("rope_scaling", dict(rope))
     cfg["architectures"] = ["LlamaForCausalLM"]
     cfg["torch_dtype"] = "float32"
     cfg["dtype"] = "float32"

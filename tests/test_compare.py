@@ -393,3 +393,26 @@ def test_penalties_in_the_reference_law_equal_the_engines_own_processors():
         for f in procs:
             x = f(hist, x)
         assert np.allclose(got[t], np.array(x)[0], atol=1e-5), t
+
+
+def test_converted_model_gives_mlx_lm_the_reference_logits(smollm2):
+    """The embedded model as converted runs the same network in mlx-lm as in the reference
+    (HF transformers): mlx-lm reads config.json itself, and before the conversion wrote the
+    legacy ``rope_theta`` beside transformers 5's ``rope_parameters`` mlx-lm used RoPE base
+    10,000 for SmolLM2's 100,000 (logits off by up to 12.8 within 24 tokens)."""
+    pytest.importorskip("mlx.core")
+    import json
+
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from specfuzz.compare.reference import ReferenceModel
+
+    cfg = json.loads((smollm2 / "config.json").read_text())
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"] == 100000.0
+    ids = [1, 9690, 42, 2284, 314, 253, 1123, 30, 378, 3260, 282, 7399, 314, 2377, 30, 216, 1085, 339, 416, 2330, 28, 1883, 260, 2381]
+    model, _ = load(str(smollm2))
+    got = np.array(model(mx.array([ids]))[0].astype(mx.float32))  # [T, V]
+    want = ReferenceModel(smollm2).output_logits(ids[:1], [ids[1:] + [0]])[0]  # [T, V] the same positions
+    assert got.shape == want.shape
+    assert float(np.abs(got - want).max()) < 1e-2
