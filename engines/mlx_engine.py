@@ -166,6 +166,17 @@ def _eos_of(cfg: Mapping) -> int | None:
     return eos
 
 
+def _check_rope_theta(cfg: dict, name: str) -> None:
+    """mlx-lm reads config.json itself and takes RoPE's base from the top-level ``rope_theta``
+    (default 10,000), not from transformers 5's ``rope_parameters``: a checkpoint with only the
+    latter would run another network than the one HF and the oracle see. Refused, saying what to add."""
+    rope = cfg.get("rope_parameters")
+    want = rope.get("rope_theta") if isinstance(rope, dict) else None
+    if want is not None and cfg.get("rope_theta") != want:
+        raise InvalidInput(f"{name} config.json rope_theta", cfg.get("rope_theta"),
+                           f"{want}, rope_parameters' value (mlx-lm reads the top-level key only; add it to config.json)")
+
+
 class MLXEngine(Engine):
     """mlx-lm's ``stream_generate`` (see the module docstring)."""
 
@@ -231,6 +242,7 @@ class MLXEngine(Engine):
         V = tcfg.get("vocab_size")
         if isinstance(V, bool) or not isinstance(V, int) or V < 2:
             raise InvalidInput("target vocab_size", V, "an integer >= 2 in config.json")
+        _check_rope_theta(tcfg, "target_dir")
         plan: dict[str, Any] = {"settings": settings, "vocab_size": V, "eos": _eos_of(tcfg), "k": None}
         spec = config.speculation
         if spec is None:
@@ -245,6 +257,7 @@ class MLXEngine(Engine):
         if config.draft_dir is None:
             raise InvalidInput("draft_dir", None, "a draft checkpoint folder for method 'draft_model'")
         dcfg = read_config(config.draft_dir, "draft_dir")
+        _check_rope_theta(dcfg, "draft_dir")
         if dcfg.get("vocab_size") != V:
             raise InvalidInput("draft vocab_size", dcfg.get("vocab_size"),
                                f"{V}, the target's (mlx-lm refuses a draft whose tokenizer differs from the target's)")

@@ -157,6 +157,21 @@ def test_a_wider_draft_is_refused(root):
         MLXEngine().validate(EngineConfig(ck.target_dir, ck.draft_dir, SpecConfig("draft_model", 2)))
 
 
+def test_a_config_without_the_rope_theta_mlx_lm_reads_is_refused(root):
+    """mlx-lm takes RoPE's base from config.json's top-level rope_theta only: a checkpoint with
+    transformers 5's rope_parameters alone would run another network (default base 10,000)."""
+    import json
+
+    ck = materialize(Case(T, (0,), SP(max_tokens=2), spec=SpecConfig("draft_model", 2), draft_table=U), root)
+    MLXEngine().validate(EngineConfig(ck.target_dir, ck.draft_dir, SpecConfig("draft_model", 2)))  # tablegen writes both
+    for d, name in ((ck.draft_dir, "draft_dir"), (ck.target_dir, "target_dir")):
+        cfg = json.loads((Path(d) / "config.json").read_text())
+        del cfg["rope_theta"]
+        (Path(d) / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(InvalidInput, match=f"{name} config.json rope_theta"):
+            MLXEngine().validate(EngineConfig(ck.target_dir, ck.draft_dir, SpecConfig("draft_model", 2)))
+
+
 # ----------------------------------------------------------------------------- the engine
 
 
