@@ -70,9 +70,16 @@ def serve(d: Path, budget: float, max_jobs: int) -> None:
             if running and used + job["share"] > budget + 1e-9:
                 continue  # a smaller job further down may fit (a lone job always starts)
             log = open(d / "logs" / f"{job['name']}.log", "ab")
-            proc = subprocess.Popen(job["cmd"], cwd=job.get("cwd") or None, env={**os.environ, **job["env"]},
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            try:
+                proc = subprocess.Popen(job["cmd"], cwd=job.get("cwd") or None, env={**os.environ, **job["env"]},
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+            except OSError as exc:  # a job that cannot start is done, not the pool's end
+                log.write(f"gpu_pool: could not start: {exc}\n".encode())
+                log.close()
+                _write(d / "done" / f"{job['name']}.json", {**job, "rc": 127, "seconds": 0.0, "error": str(exc)})
+                qfile.unlink(missing_ok=True)
+                continue
             log.close()
             rfile = d / "running" / qfile.name
             os.replace(qfile, rfile)

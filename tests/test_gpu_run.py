@@ -65,6 +65,8 @@ def test_gpu_pool_keeps_running_shares_within_its_budget_and_exits_when_closed(t
     assert "pool started" in out.stdout
     subprocess.run([*pool, "add", "--dir", str(d), "--name", "late", "--share", "0.2", "--", sys.executable, "-c", job, "0.2"],
                    check=True, capture_output=True)
+    subprocess.run([*pool, "add", "--dir", str(d), "--name", "nosuch", "--share", "0.1", "--", str(tmp_path / "no-such-program")],
+                   check=True, capture_output=True)
     bad = subprocess.run([*pool, "add", "--dir", str(d), "--name", "x", "--share", "1.5", "--", "true"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--share 1.5" in bad.stderr
     subprocess.run([*pool, "close", "--dir", str(d)], check=True)
@@ -83,4 +85,4 @@ def test_gpu_pool_keeps_running_shares_within_its_budget_and_exits_when_closed(t
         running = [s for s, a2, b2 in spans if a2 <= a + 1e-3 and b2 > a]
         assert len(running) == 1 or sum(running) <= 0.65 + 1e-9, running
     done = {f.stem: json.loads(f.read_text())["rc"] for f in (d / "done").glob("*.json")}
-    assert done == {"j0": 0, "j1": 0, "j2": 0, "j3": 0, "late": 0}
+    assert done == {"j0": 0, "j1": 0, "j2": 0, "j3": 0, "late": 0, "nosuch": 127}  # a job that cannot start ends alone
