@@ -13,6 +13,7 @@ of the lease add jobs (the pool runs in its own process session and reads its qu
     gpu_pool.py add --dir D --name N --share S [--env K=V ...] [--cwd DIR] -- CMD ...
     gpu_pool.py close --dir D
     gpu_pool.py status --dir D                                # one line per job
+    gpu_pool.py busy --dir D [--prefix P]                     # exit 0 while a job (named P...) is queued or running
 
 Each job's output goes to D/logs/NAME.log; D/done/NAME.json records its exit status and seconds.
 """
@@ -92,15 +93,21 @@ def serve(d: Path, budget: float, max_jobs: int) -> None:
     print(f"{time.strftime('%H:%M:%S')} pool done", flush=True)
 
 
+def _serving(d: Path) -> bool:
+    """Whether the pool's ``serve`` process is alive."""
+    try:
+        os.kill(int((d / "serve.pid").read_text()), 0)
+        return True
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return False
+
+
 def ensure(d: Path, budget: float, max_jobs: int) -> None:
     """Start ``serve`` in its own process session (it outlives the call), unless one runs."""
     pid = d / "serve.pid"
-    try:
-        os.kill(int(pid.read_text()), 0)
+    if _serving(d):
         print(f"pool running (pid {pid.read_text()})")
         return
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        pass
     d.mkdir(parents=True, exist_ok=True)
     (d / "closed").unlink(missing_ok=True)
     with open(d / "serve.out", "ab") as out:
@@ -121,6 +128,12 @@ def status(d: Path) -> None:
         print(f"queued   {json.loads(f.read_text())['name']}")
 
 
+def busy(d: Path, prefix: str) -> bool:
+    """Whether the pool serves and a job whose name starts with ``prefix`` is queued or running."""
+    return _serving(d) and any(json.loads(f.read_text())["name"].startswith(prefix)
+                               for sub in ("queue", "running") for f in (d / sub).glob("*.json"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -137,6 +150,7 @@ def main() -> None:
     a.add_argument("cmd", nargs=argparse.REMAINDER)
     sub.add_parser("close")
     sub.add_parser("status")
+    sub.add_parser("busy").add_argument("--prefix", default="", help="only jobs whose name starts with this")
     for p in sub.choices.values():
         if not any(x.dest == "dir" for x in p._actions):
             p.add_argument("--dir", type=Path, required=True)
@@ -151,6 +165,8 @@ def main() -> None:
     elif args.what == "close":
         args.dir.mkdir(parents=True, exist_ok=True)
         (args.dir / "closed").touch()
+    elif args.what == "busy":
+        sys.exit(0 if busy(args.dir, args.prefix) else 1)
     else:
         status(args.dir)
 

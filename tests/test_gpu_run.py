@@ -69,6 +69,8 @@ def test_gpu_pool_keeps_running_shares_within_its_budget_and_exits_when_closed(t
                    check=True, capture_output=True)
     bad = subprocess.run([*pool, "add", "--dir", str(d), "--name", "x", "--share", "1.5", "--", "true"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--share 1.5" in bad.stderr
+    busy = lambda *prefix: subprocess.run([*pool, "busy", "--dir", str(d), *prefix], capture_output=True).returncode  # noqa: E731
+    assert busy() == 0 and busy("--prefix", "late") == 0 and busy("--prefix", "impact-") == 1  # by job name
     subprocess.run([*pool, "close", "--dir", str(d)], check=True)
     pid = int((d / "serve.pid").read_text())
     for _ in range(100):
@@ -79,6 +81,7 @@ def test_gpu_pool_keeps_running_shares_within_its_budget_and_exits_when_closed(t
         time.sleep(0.2)
     else:
         pytest.fail("the closed pool did not exit")
+    assert busy() == 1  # no pool, nothing to wait for
     spans = [(float(s), float(a), float(b)) for s, a, b in (line.split() for line in log.read_text().splitlines())]
     assert len(spans) == 5
     for _, a, _ in spans:  # at every job's start, the shares running then stay within 0.65 (one job alone may exceed it)
